@@ -1,0 +1,51 @@
+"""Run scripts under a real mpiexec, bounded in time, and read what each rank wrote."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpi_util import find_mpiexec
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
+
+
+def run_bounded(command: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``command`` in its own process group; on timeout kill the whole group and fail the test (a deadlock
+    must fail, not hang CI)."""
+    full_env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
+    proc = subprocess.Popen(
+        command, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(
+            f"timed out after {timeout} s: {' '.join(command)}\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}"
+        )
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def mpiexec(nprocs: int, script: str, *args: str, timeout: float = 90, env: dict[str, str] | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """Run tests/mpi_scripts/``script`` as ``nprocs`` ranks under the project's mpiexec."""
+    command = [find_mpiexec(), "-n", str(nprocs), sys.executable, "-u", str(SCRIPTS / script), *args]
+    result = run_bounded(command, timeout, env)
+    if check and result.returncode != 0:
+        pytest.fail(f"exit {result.returncode}: {' '.join(command)}\nstdout:\n{result.stdout[-3000:]}\n"
+                    f"stderr:\n{result.stderr[-3000:]}")
+    return result
+
+
+@pytest.fixture
+def run_mpi():
+    return mpiexec

@@ -1,0 +1,54 @@
+"""Every rank builds differently initialised models and arrays, then rank0_bcast_wts; each rank saves its values
+before and after into argv[1]. argv[2] == "tf" adds Keras, tf.Module and tf.Variable cases (slow to import)."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import mpi_util
+
+out_dir, with_tf = Path(sys.argv[1]), len(sys.argv) > 2 and sys.argv[2] == "tf"
+rank = mpi_util.rank
+rng = np.random.default_rng(rank)
+
+numpy_list = [
+    rng.standard_normal((64, 17)).astype(np.float32),
+    rng.standard_normal(64).astype(np.float64),
+    rng.standard_normal((3, 3)).astype(np.float16),
+    rng.integers(0, 100, 5).astype(np.int32),
+    rng.random(4) < 0.5,
+    np.zeros((0, 3), np.float32),
+]
+cases = {"numpy_list": numpy_list}
+if with_tf:
+    import keras
+    import tensorflow as tf
+
+    mpi_util.set_global_seeds(7)  # a different seed per rank: the models start different
+    model = keras.Sequential([keras.Input((17,)), keras.layers.Dense(64, activation="tanh"), keras.layers.Dense(6)])
+
+    class Affine(tf.Module):
+        def __init__(self) -> None:
+            self.w = tf.Variable(tf.random.normal((5, 2)))
+            self.b = tf.Variable(tf.random.normal((2,), dtype=tf.float64))
+
+    cases["keras_model"] = model
+    cases["tf_module"] = Affine()
+    cases["tf_variables"] = [tf.Variable(tf.random.normal((7,))), tf.Variable(tf.random.uniform((2, 2), maxval=9,
+                                                                                                dtype=tf.int32))]
+    cases["mixed_list"] = [tf.Variable(tf.random.normal((3,))), rng.standard_normal(3)]
+
+
+def values(x) -> list[np.ndarray]:
+    if isinstance(x, list):
+        return [v if isinstance(v, np.ndarray) else v.numpy() for v in x]
+    if hasattr(x, "get_weights"):
+        return [v.numpy() for v in x.weights]
+    return [v.numpy() for v in x.variables]
+
+
+for name, x in cases.items():
+    np.savez(out_dir / f"{name}_before_{rank}.npz", *[v.copy() for v in values(x)])
+    mpi_util.rank0_bcast_wts(x)
+    np.savez(out_dir / f"{name}_after_{rank}.npz", *values(x))

@@ -1,0 +1,19 @@
+"""Launched with plain python: relaunches itself under mpiexec with mpi_fork(argv[1]). argv[2] == "fail" makes
+rank 1 raise while the others wait in a gather."""
+
+import sys
+
+import numpy as np
+
+import mpi_util
+
+result = mpi_util.mpi_fork(int(sys.argv[1]))
+if result == "parent":
+    print(f"parent: job exited with {result.returncode}", flush=True)
+    sys.exit(result.returncode)
+
+if len(sys.argv) > 2 and sys.argv[2] == "fail" and mpi_util.rank == 1:
+    raise RuntimeError("injected failure on rank 1")
+gathered = mpi_util.rank0_accum_batches({"rank": np.array([mpi_util.rank])})
+print(f"child rank {mpi_util.rank} of {mpi_util.nworkers}", flush=True)
+mpi_util.print0(f"gathered {gathered['rank'].tolist()}")

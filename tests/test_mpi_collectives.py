@@ -1,0 +1,116 @@
+"""rank0_accum_batches, rank0_bcast_wts, all_sum / all_mean and seeds under a real mpiexec at 1, 2 and 3 ranks,
+compared with the answer computed sequentially."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from mpi_util import rank_seed
+
+SIZES = [1, 2, 3]
+
+
+def load(path) -> dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {key: data[key] for key in data.files}
+
+
+@pytest.mark.parametrize("nprocs", SIZES)
+def test_gather_equals_concatenation_in_rank_order(run_mpi, tmp_path, nprocs):
+    run_mpi(nprocs, "gather_cases.py", str(tmp_path))
+    for case in ("mixed_dtypes", "zero_rows_on_rank1", "all_zero_rows", "large"):
+        inputs = [load(tmp_path / f"{case}_in_{r}.npz") for r in range(nprocs)]
+        gathered = load(tmp_path / f"{case}_out_0.npz")
+        assert list(gathered) == list(inputs[0])
+        for key in inputs[0]:
+            expected = np.concatenate([inp[key] for inp in inputs])
+            assert gathered[key].dtype == expected.dtype, (case, key)
+            assert gathered[key].shape == expected.shape, (case, key)
+            assert gathered[key].tobytes() == expected.tobytes(), (case, key)
+        for r in range(1, nprocs):  # other ranks get their own batch back
+            returned = load(tmp_path / f"{case}_out_{r}.npz")
+            for key in inputs[r]:
+                assert returned[key].tobytes() == inputs[r][key].tobytes(), (case, key, r)
+
+
+@pytest.mark.parametrize("nprocs", SIZES)
+def test_bcast_numpy_is_bit_exact(run_mpi, tmp_path, nprocs):
+    run_mpi(nprocs, "bcast_cases.py", str(tmp_path))
+    check_bcast(tmp_path, nprocs, ["numpy_list"])
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_bcast_keras_tf_module_variables_bit_exact(run_mpi, tmp_path, nprocs):
+    run_mpi(nprocs, "bcast_cases.py", str(tmp_path), "tf", timeout=180)
+    check_bcast(tmp_path, nprocs, ["numpy_list", "keras_model", "tf_module", "tf_variables", "mixed_list"])
+
+
+def check_bcast(tmp_path, nprocs: int, cases: list[str]) -> None:
+    for case in cases:
+        source = list(load(tmp_path / f"{case}_before_0.npz").values())
+        if nprocs > 1:  # the ranks really started different, so the test can fail
+            other = list(load(tmp_path / f"{case}_before_1.npz").values())
+            assert any(a.tobytes() != b.tobytes() for a, b in zip(source, other, strict=True) if a.size), case
+        for r in range(nprocs):
+            after = list(load(tmp_path / f"{case}_after_{r}.npz").values())
+            assert len(after) == len(source)
+            for a, b in zip(after, source, strict=True):
+                assert a.dtype == b.dtype and a.shape == b.shape, case
+                assert a.tobytes() == b.tobytes(), (case, r)
+
+
+@pytest.mark.parametrize("nprocs", SIZES)
+def test_all_sum_all_mean_match_sequential(run_mpi, tmp_path, nprocs):
+    run_mpi(nprocs, "reductions.py", str(tmp_path))
+    per_rank = [load(tmp_path / f"reductions_{r}.npz") for r in range(nprocs)]
+    for dtype in ("float16", "float32", "float64", "int8", "int32", "int64", "uint16", "bool", "complex128"):
+        if dtype == "bool":
+            inputs = [(np.arange(6).reshape(2, 3) % (r + 2)) == 0 for r in range(nprocs)]
+            expected_sum = np.sum(inputs, axis=0, dtype=np.int64)
+        else:
+            inputs = [(np.arange(6).reshape(2, 3) + r).astype(dtype) for r in range(nprocs)]
+            expected_sum = np.sum(inputs, axis=0).astype(dtype)
+        mean_dtype = np.float64 if np.dtype(inputs[0].dtype).kind in "biu" else inputs[0].dtype
+        expected_mean = (np.sum(np.array(inputs, dtype=mean_dtype), axis=0) / nprocs).astype(mean_dtype)
+        for r in range(nprocs):
+            assert per_rank[r][f"sum_{dtype}"].dtype == expected_sum.dtype, dtype
+            np.testing.assert_array_equal(per_rank[r][f"sum_{dtype}"], expected_sum)
+            assert per_rank[r][f"mean_{dtype}"].dtype == expected_mean.dtype, dtype
+            np.testing.assert_allclose(per_rank[r][f"mean_{dtype}"], expected_mean, rtol=1e-3)
+    for r in range(nprocs):
+        assert per_rank[r]["sum_scalar_int"] == nprocs * (nprocs + 1) // 2
+        assert per_rank[r]["sum_scalar_float"] == 0.5 * sum(range(nprocs))
+        assert per_rank[r]["mean_scalar"] == pytest.approx(sum(range(nprocs)) / nprocs)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_seeds_differ_per_rank_and_follow_rank_seed(run_mpi, tmp_path, nprocs):
+    run_mpi(nprocs, "seeds.py", str(tmp_path), "123")
+    per_rank = [load(tmp_path / f"seed_{r}.npz") for r in range(nprocs)]
+    assert [int(p["seed"]) for p in per_rank] == [rank_seed(123, r) for r in range(nprocs)]
+    draws = {p["numpy_draw"].tobytes() for p in per_rank}
+    assert len(draws) == nprocs
+    for r, p in enumerate(per_rank):
+        np.testing.assert_array_equal(p["numpy_draw"], np.random.RandomState(rank_seed(123, r)).random_sample(3))
+
+
+def test_rank_seed_independent_of_world_size():
+    spawned = np.random.SeedSequence(5).spawn(4)
+    assert [rank_seed(5, r) for r in range(4)] == [int(s.generate_state(1)[0]) for s in spawned]
+    assert len({rank_seed(5, r) for r in range(64)}) == 64
+    with pytest.raises(ValueError, match="non-negative"):
+        rank_seed(-1, 0)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_waiting_rank_does_not_spin(run_mpi, tmp_path, nprocs):
+    run_mpi(nprocs, "waiting_cpu.py", "2.0", str(tmp_path))
+    for r in range(1, nprocs):
+        report = json.loads((tmp_path / f"cpu_{r}.json").read_text())
+        for name in ("rank0_accum_batches", "rank0_bcast_wts"):
+            assert report[name]["wall_s"] > 1.5, report  # it really waited for rank 0
+            # A busy-polling wait would burn ~2 s of CPU here; the sleeping poll burns a few tens of ms.
+            assert report[name]["cpu_s"] < 0.3, report

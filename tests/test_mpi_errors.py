@@ -1,0 +1,62 @@
+"""Mismatched batches and weights raise the same clear error on every rank, naming rank and key, and never hang."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpi_util
+
+CASES = {
+    "missing_key": ("BatchMismatchError", ["rank {last}", "key 'act'"]),
+    "dtype": ("BatchMismatchError", ["rank {last}", "key 'act'", "int32", "int64"]),
+    "trailing_shape": ("BatchMismatchError", ["rank {last}", "key 'obs'", "(4,)", "(3,)"]),
+    "non_numeric": ("BatchMismatchError", ["rank {last}", "key 'act'", "non-numeric"]),
+    "unequal_rows": ("BatchMismatchError", ["rank {last}", "different numbers of rows"]),
+    "bcast_shape": ("WeightMismatchError", ["rank {last}", "variable 0", "[2, 3]", "[3, 2]"]),
+    "bcast_count": ("WeightMismatchError", ["rank {last}", "1 variables", "rank 0 has 2"]),
+    "bcast_read_only": ("WeightMismatchError", ["rank {last}", "read-only"]),
+}
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+@pytest.mark.parametrize("case", list(CASES))
+def test_mismatch_raises_same_error_on_every_rank(run_mpi, tmp_path, nprocs, case):
+    run_mpi(nprocs, "error_cases.py", str(tmp_path), case, timeout=60)
+    error_type, fragments = CASES[case]
+    messages = [(tmp_path / f"error_{r}.txt").read_text() for r in range(nprocs)]
+    assert len(set(messages)) == 1, messages
+    assert messages[0].startswith(error_type), messages[0]
+    for fragment in fragments:
+        assert fragment.format(last=nprocs - 1) in messages[0], messages[0]
+    assert "\n" not in messages[0]
+
+
+def test_single_process_checks_its_own_batch():
+    with pytest.raises(mpi_util.BatchMismatchError, match="key 'a' has non-numeric dtype"):
+        mpi_util.rank0_accum_batches({"a": np.array(["x", "y"])})
+    with pytest.raises(mpi_util.BatchMismatchError, match="different numbers of rows"):
+        mpi_util.rank0_accum_batches({"a": np.zeros(2), "b": np.zeros(3)})
+    with pytest.raises(mpi_util.BatchMismatchError, match="scalar"):
+        mpi_util.rank0_accum_batches({"a": np.float32(1)})
+    batch = {"a": np.arange(3)}
+    assert mpi_util.rank0_accum_batches(batch)["a"] is batch["a"]
+
+
+def test_bad_arguments_are_clear():
+    with pytest.raises(TypeError, match="cannot broadcast a str"):
+        mpi_util.rank0_bcast_wts("weights")
+    with pytest.raises(TypeError, match="expected numbers"):
+        mpi_util.all_sum(np.array(["a"]))
+    with pytest.raises(TypeError, match="must be an integer"):
+        mpi_util.mpi_fork("2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be an integer"):
+        mpi_util.mpi_fork(2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 1"):
+        mpi_util.mpi_fork(0)
+    with pytest.raises(ValueError, match=r"gpu_pct must be in \[0, 1\]"):
+        mpi_util.mpi_fork(2, gpu_pct=1.5)
+    with pytest.raises(ValueError, match=r"gpu_pct must be in \[0, 1\]"):
+        mpi_util.check_gpu_pct(-0.1)
+    with pytest.raises(ValueError, match="stall timeout"):
+        mpi_util.set_stall_timeout(0)

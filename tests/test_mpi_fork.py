@@ -1,0 +1,69 @@
+"""mpi_fork relaunches a script under mpiexec, carries the exit status back, and aborts the job when a rank fails;
+the README's recipe ends with bit-identical weights on every rank."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+from conftest import SCRIPTS, mpiexec, run_bounded
+
+import mpi_util
+from mpi_util.launch import mpi_library_is_open_mpi
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_fork_runs_every_rank_and_returns_parent(nprocs):
+    result = run_bounded([sys.executable, str(SCRIPTS / "fork_job.py"), str(nprocs)], timeout=60)
+    assert result.returncode == 0, result.stderr
+    ranks = sorted(int(m) for m in re.findall(rf"child rank (\d+) of {nprocs}", result.stdout))
+    assert ranks == list(range(nprocs))
+    assert f"gathered {list(range(nprocs))}" in result.stdout
+    assert "parent: job exited with 0" in result.stdout
+
+
+def test_fork_of_one_process_runs_in_place():
+    result = run_bounded([sys.executable, str(SCRIPTS / "fork_job.py"), "1"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "child rank 0 of 1" in result.stdout
+    assert "parent" not in result.stdout
+
+
+def test_fork_under_a_launcher_does_not_relaunch():
+    # Started by mpiexec with 2 ranks, mpi_fork(3) must not start a nested job of 3.
+    result = mpiexec(2, "fork_job.py", "3", timeout=60)
+    assert sorted(re.findall(r"child rank (\d+) of (\d+)", result.stdout)) == [("0", "2"), ("1", "2")]
+    assert "parent" not in result.stdout
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_failing_rank_aborts_job_with_nonzero_status(nprocs):
+    # Rank 1 raises while the others wait in a gather: without the abort they would wait forever.
+    result = run_bounded([sys.executable, str(SCRIPTS / "fork_job.py"), str(nprocs), "fail"], timeout=60)
+    assert result.returncode != 0
+    assert "uncaught exception on rank 1" in result.stderr
+    assert "RuntimeError: injected failure on rank 1" in result.stderr
+    assert f"parent: job exited with {result.returncode}" in result.stdout
+
+
+def test_find_mpiexec_belongs_to_loaded_library():
+    path = mpi_util.find_mpiexec()
+    version = run_bounded([path, "--version"], timeout=30).stdout
+    if mpi_library_is_open_mpi():
+        assert "Open MPI" in version or "OpenRTE" in version
+    else:
+        assert "HYDRA" in version or "MPICH" in version
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_readme_recipe_ends_with_identical_weights(nprocs):
+    from conftest import REPO
+
+    result = run_bounded([sys.executable, str(REPO / "examples" / "recipe.py"), "--nprocs", str(nprocs)], timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    checksums = re.findall(r"rank (\d+): weights sha256 (\w+)", result.stdout)
+    assert sorted(int(r) for r, _ in checksums) == list(range(nprocs))
+    assert len({c for _, c in checksums}) == 1, checksums
+    losses = [float(x) for x in re.findall(r"loss ([\d.]+)", result.stdout)]
+    assert losses[-1] < 0.01  # the rank-0 learner really learned from everyone's rows
