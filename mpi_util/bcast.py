@@ -1,4 +1,4 @@
-"""``rank0_bcast_wts``: give every rank rank 0's weights, bit for bit, in one ``Bcast`` per dtype.
+"""``rank0_bcast_wts``: give every rank rank 0's weights, bit for bit.
 
 The framework side stays thin: variables are read as numpy arrays and written back with ``assign`` (TF,
 Keras), ``copy_`` (torch) or slice assignment (numpy). Nothing here imports TensorFlow or torch.
@@ -6,14 +6,16 @@ Keras), ``copy_`` (torch) or slice assignment (numpy). Nothing here imports Tens
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from .comm import COMM_WORLD, meet
+from .comm import COMM_WORLD, exchange_int64, signature_digest
+
+# Variables smaller than this are packed per dtype into one buffer; larger ones are broadcast in place.
+_PACK_BELOW_BYTES = 256 * 1024
 
 
 class WeightMismatchError(ValueError):
@@ -104,7 +106,9 @@ def rank0_bcast_wts(x: Any, comm: MPI.Comm | None = None) -> None:
     x: a Keras model or layer, a tf.Module, a torch.nn.Module (parameters and buffers), a tf.Variable, a numpy
     array, or a (nested) list of these; numpy arrays are updated in place. The same structure (count, shapes,
     dtypes) is needed on every rank, else WeightMismatchError on every rank naming the rank and variable.
-    Variables of one dtype travel in a single flat buffer, so one Bcast per dtype whatever the count.
+    After one small exchange in which ranks check they hold the same shapes (and wait for each other without
+    spinning), variables under 256 KiB travel packed in one buffer per dtype, larger ones one Bcast each in
+    place (no copies).
     """
     comm = COMM_WORLD if comm is None else comm
     leaves = _flatten(x)
@@ -115,29 +119,39 @@ def rank0_bcast_wts(x: Any, comm: MPI.Comm | None = None) -> None:
     read_only = [i for i, leaf in enumerate(leaves) if isinstance(leaf, np.ndarray) and not leaf.flags.writeable]
     local_problem = f"variable {read_only[0]} is a read-only numpy array; pass writeable arrays" if read_only else ""
     signature = _signature(values)
-    digest = hashlib.sha1(repr(signature).encode()).digest()
 
     # Every rank learns every other rank's verdict before data moves, so a bad rank fails the call everywhere
-    # instead of leaving the others blocked in Bcast.
-    meet(comm, "rank0_bcast_wts")
-    verdicts = comm.allgather((digest, "" if is_root else local_problem))
-    for r, (_, problem) in enumerate(verdicts):
-        if problem:
-            raise WeightMismatchError(f"rank0_bcast_wts: rank {r}: {problem}")
-    if any(d != verdicts[0][0] for d, _ in verdicts):
+    # instead of leaving the others blocked in the broadcast.
+    exchanged = exchange_int64(comm, [signature_digest(signature), int(bool(local_problem))], "rank0_bcast_wts")
+    if np.any(exchanged[1:, 1]):
+        problems = comm.allgather(local_problem)
+        bad_rank = next(r for r in range(1, comm.Get_size()) if problems[r])
+        raise WeightMismatchError(f"rank0_bcast_wts: rank {bad_rank}: {problems[bad_rank]}")
+    if np.any(exchanged[:, 0] != exchanged[0, 0]):
         raise WeightMismatchError(_describe_mismatch(comm.allgather(signature)))
 
-    writers = None if is_root else [_writer(leaf) for leaf in leaves]
-    for dtype in dict.fromkeys(v.dtype for v in values):  # dtypes in order of first appearance
-        indices = [i for i, v in enumerate(values) if v.dtype == dtype]
+    # Small variables (biases, log-stds, normalizer statistics) travel packed in one flat buffer per dtype: one
+    # message instead of dozens of latency-bound ones. Large ones go one Bcast each, straight from and into
+    # their own memory: packing them would only add copies (measured in benchmarks/collectives.py).
+    if not is_root:
+        values = [v if v is leaf else np.empty_like(v) for v, leaf in zip(values, leaves, strict=True)]
+    small = [i for i, v in enumerate(values) if 0 < v.nbytes < _PACK_BELOW_BYTES]
+    for dtype in dict.fromkeys(values[i].dtype for i in small):  # dtypes in order of first appearance
+        members = [i for i in small if values[i].dtype == dtype]
         if is_root:
-            flat = np.concatenate([values[i].reshape(-1) for i in indices])
+            flat = np.concatenate([values[i].reshape(-1) for i in members])
         else:
-            flat = np.empty(sum(values[i].size for i in indices), dtype=dtype)
+            flat = np.empty(sum(values[i].size for i in members), dtype=dtype)
         comm.Bcast([flat.view(np.uint8), MPI.BYTE], root=0)
-        if writers is not None:
+        if not is_root:
             offset = 0
-            for i in indices:
-                size = values[i].size
-                writers[i](flat[offset : offset + size].reshape(values[i].shape))
-                offset += size
+            for i in members:
+                values[i][...] = flat[offset : offset + values[i].size].reshape(values[i].shape)
+                offset += values[i].size
+    for v in values:
+        if v.nbytes >= _PACK_BELOW_BYTES:
+            comm.Bcast([v.reshape(-1).view(np.uint8), MPI.BYTE], root=0)
+    if not is_root:
+        for leaf, value in zip(leaves, values, strict=True):
+            if value is not leaf:
+                _writer(leaf)(value)

@@ -2,12 +2,16 @@
 
 MPICH's blocking collectives busy-poll: a rank waiting in ``MPI_Gatherv`` while rank 0 runs a two-second
 update burns a whole core. With 8 ranks on 2 cores that steals the cores the update needs. So every
-collective in ``mpi_util`` first meets the other ranks in a non-blocking barrier that is polled with short,
-growing sleeps; the data then moves with a buffer-based collective that all ranks reach at once.
+collective in ``mpi_util`` takes two rounds: ranks exchange a fixed-size digest of what they pass (shapes,
+dtypes, keys) in a non-blocking all-gather polled with short, growing sleeps, which is where they wait for
+each other; then, all present, the data moves in one blocking buffer-based operation (blocking there is
+short, and large messages move in chunks that need every rank polling without pause). Each round on
+oversubscribed cores costs milliseconds, so rounds are kept few.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -20,10 +24,12 @@ COMM_WORLD: MPI.Comm = MPI.COMM_WORLD
 rank: int = COMM_WORLD.Get_rank()
 nworkers: int = COMM_WORLD.Get_size()
 
-# Polling schedule of a waiting rank: the first polls come fast (a collective that completes at once costs
-# microseconds), then the sleep doubles up to MAX so a long wait costs well under 1% of a core.
-_POLL_FIRST_SLEEP_S = 20e-6
-_POLL_MAX_SLEEP_S = 2e-3
+# Polling schedule of a waiting rank: busy-poll for a few microseconds (a collective whose ranks are all there
+# completes at once), then sleep, doubling up to MAX, so a long wait costs about 1% of a core. MAX bounds the
+# latency each step of a multi-step collective can add once the last rank arrives.
+_POLL_SPIN_S = 50e-6
+_POLL_FIRST_SLEEP_S = 50e-6
+_POLL_MAX_SLEEP_S = 1e-3
 
 _stall_timeout_s: float | None = None
 _env_timeout = os.environ.get("MPI_UTIL_STALL_TIMEOUT")
@@ -46,14 +52,18 @@ def set_stall_timeout(seconds: float | None) -> None:
     _stall_timeout_s = seconds
 
 
-def wait_without_spinning(request: MPI.Request, what: str) -> None:
-    """Complete ``request`` by polling ``Test`` with short sleeps instead of a busy ``Wait``.
+def wait_without_spinning(requests: MPI.Request | list[MPI.Request], what: str) -> None:
+    """Complete ``requests`` by polling ``Test`` with short sleeps instead of a busy ``Wait``.
 
     ``what`` names the collective in the stall error.
     """
-    sleep_s = _POLL_FIRST_SLEEP_S
+    pending = requests if isinstance(requests, list) else [requests]
     started = time.monotonic()
-    while not request.Test():
+    while time.monotonic() - started < _POLL_SPIN_S:
+        if MPI.Request.Testall(pending):
+            return
+    sleep_s = _POLL_FIRST_SLEEP_S
+    while not MPI.Request.Testall(pending):
         if _stall_timeout_s is not None and time.monotonic() - started > _stall_timeout_s:
             raise CollectiveStallError(
                 f"rank {COMM_WORLD.Get_rank()}: no progress for {_stall_timeout_s:g} s in {what}; "
@@ -90,14 +100,32 @@ def _reduction_buffer(x: Any, what: str) -> tuple[np.ndarray, np.dtype]:
     return arr, arr.dtype
 
 
+def signature_digest(signature: object) -> int:
+    """A 63-bit digest of a small description (shapes, dtypes, keys) that ranks compare before moving data."""
+    return int.from_bytes(hashlib.blake2b(repr(signature).encode(), digest_size=8).digest(), "little") >> 1
+
+
+def exchange_int64(comm: MPI.Comm, values: list[int], what: str) -> np.ndarray:
+    """Every rank's ``values`` (the same count on each) as an int64 array (size, len(values)), without spinning.
+
+    This is also where ranks meet: the others may arrive much later (rank 0 finishing its update).
+    """
+    mine = np.array(values, dtype=np.int64)
+    everyone = np.empty((comm.Get_size(), len(values)), dtype=np.int64)
+    wait_without_spinning(comm.Iallgather(mine, everyone), what)
+    return everyone
+
+
 def _allreduce_sum(x: Any, comm: MPI.Comm, what: str) -> np.ndarray:
     sendbuf, out_dtype = _reduction_buffer(x, what)
-    meet(comm, what)
-    shapes = comm.allgather(sendbuf.shape)
-    if any(s != shapes[0] for s in shapes):
-        raise ValueError(f"{what}: ranks passed different shapes {shapes}; every rank must pass the same shape")
+    if comm.Get_size() == 1:
+        return sendbuf.astype(out_dtype, copy=False)
+    digests = exchange_int64(comm, [signature_digest((sendbuf.shape, sendbuf.dtype.str))], what)
+    if np.any(digests[:, 0] != digests[0, 0]):
+        shapes = comm.allgather((sendbuf.shape, str(out_dtype)))
+        raise ValueError(f"{what}: ranks passed different shapes or dtypes {shapes}; every rank must pass the same")
     recvbuf = np.empty_like(sendbuf)
-    comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM)
+    comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM)  # every rank has arrived: blocking is short
     return recvbuf.astype(out_dtype, copy=False)
 
 

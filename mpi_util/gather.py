@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 from mpi4py import MPI
 
-from .comm import COMM_WORLD, meet
+from .comm import COMM_WORLD, exchange_int64, signature_digest
 
 
 class BatchMismatchError(ValueError):
@@ -82,6 +82,9 @@ def rank0_accum_batches(batch: Mapping[str, np.ndarray], comm: MPI.Comm | None =
     Returns on rank 0 {key: array (sum_r n_r, *trailing)} in rank 0's key order, rows of rank 0 first, then
     rank 1, ...; on other ranks the batch passed in (as contiguous arrays). Every rank must call it.
     Raises BatchMismatchError on every rank, naming the rank and key, when the batches do not fit together.
+
+    First an all-gather of (digest of keys, dtypes and trailing shapes; row count), waited on without
+    spinning; then one buffer-based Gatherv per key, from each rank's array straight into rank 0's result.
     """
     comm = COMM_WORLD if comm is None else comm
     arrays, signature = _local_signature(batch)
@@ -91,26 +94,34 @@ def rank0_accum_batches(batch: Mapping[str, np.ndarray], comm: MPI.Comm | None =
             raise BatchMismatchError(problem)
         return arrays
 
-    meet(comm, "rank0_accum_batches")
-    signatures: list[_Signature] = comm.allgather(signature)
-    problem = _describe_mismatch(signatures)
-    if problem:
-        raise BatchMismatchError(problem)
-
+    if isinstance(signature, str):
+        digest, rows, bad = 0, 0, 1
+    else:
+        # Sorted: ranks may build their dicts in different orders; the data moves in sorted key order too.
+        digest = signature_digest(sorted((key, dtype, trailing) for key, (dtype, trailing, _) in signature.items()))
+        rows, bad = (next(iter(signature.values()))[2] if signature else 0), 0
+    exchanged = exchange_int64(comm, [digest, bad, rows], "rank0_accum_batches")
+    if np.any(exchanged[:, 1]) or np.any(exchanged[:, 0] != exchanged[0, 0]):
+        problem = _describe_mismatch(comm.allgather(signature))  # the error path: one more, slower round is fine
+        raise BatchMismatchError(problem or "rank0_accum_batches: ranks passed batches that do not match")
+    assert isinstance(signature, dict)
+    rows_per_rank = exchanged[:, 2].tolist()
+    # Blocking from here on: every rank has arrived (the exchange above), so these are short, and a large
+    # message moves in pipelined chunks that need both sides polling without pause. One Gatherv per key,
+    # straight from each rank's array into rank 0's result (packing keys together only adds copies; measured
+    # in benchmarks/collectives.py).
     is_root = comm.Get_rank() == 0
     gathered: dict[str, np.ndarray] = {}
-    for key, (dtype_str, trailing, _) in signatures[0].items():  # type: ignore[union-attr]
-        dtype = np.dtype(dtype_str)
-        row_bytes = dtype.itemsize * int(np.prod(trailing, dtype=np.int64))
-        rows_per_rank = [sig[key][2] for sig in signatures]  # type: ignore[index]
-        send_bytes = arrays[key].reshape(-1).view(np.uint8)
+    for key in sorted(arrays):  # the same order on every rank, whatever order each built its dict in
+        arr = arrays[key]
+        send = [arr.reshape(-1).view(np.uint8), MPI.BYTE]
         if is_root:
-            out = np.empty((sum(rows_per_rank), *trailing), dtype=dtype)
+            out = np.empty((sum(rows_per_rank), *arr.shape[1:]), dtype=arr.dtype)
+            row_bytes = out.itemsize * int(np.prod(out.shape[1:], dtype=np.int64))
             counts = [n * row_bytes for n in rows_per_rank]
             displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
-            recv_bytes = out.reshape(-1).view(np.uint8)
-            comm.Gatherv([send_bytes, MPI.BYTE], [recv_bytes, counts, displacements, MPI.BYTE], root=0)
+            comm.Gatherv(send, [out.reshape(-1).view(np.uint8), counts, displacements, MPI.BYTE], root=0)
             gathered[key] = out
         else:
-            comm.Gatherv([send_bytes, MPI.BYTE], None, root=0)
-    return gathered if is_root else arrays
+            comm.Gatherv(send, None, root=0)
+    return {key: gathered[key] for key in arrays} if is_root else arrays

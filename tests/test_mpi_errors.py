@@ -16,6 +16,7 @@ CASES = {
     "bcast_shape": ("WeightMismatchError", ["rank {last}", "variable 0", "[2, 3]", "[3, 2]"]),
     "bcast_count": ("WeightMismatchError", ["rank {last}", "1 variables", "rank 0 has 2"]),
     "bcast_read_only": ("WeightMismatchError", ["rank {last}", "read-only"]),
+    "reduce_shape": ("ValueError", ["all_sum", "(3,)", "(4,)", "different shapes"]),
 }
 
 

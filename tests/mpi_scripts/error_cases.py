@@ -30,16 +30,20 @@ elif case in ("bcast_shape", "bcast_count", "bcast_read_only"):
         weights = weights[:1]
     if rank == last and case == "bcast_read_only":
         weights[1].flags.writeable = False
+elif case == "reduce_shape":
+    values = np.zeros(3 if rank != last else 4)
 else:
     raise SystemExit(f"unknown case {case}")
 
 try:
     if case.startswith("bcast"):
         mpi_util.rank0_bcast_wts(weights)
+    elif case == "reduce_shape":
+        mpi_util.all_sum(values)
     else:
         mpi_util.rank0_accum_batches(batch)
     message = "no error"
-except (mpi_util.BatchMismatchError, mpi_util.WeightMismatchError) as error:
+except (mpi_util.BatchMismatchError, mpi_util.WeightMismatchError, ValueError) as error:
     message = f"{type(error).__name__}: {error}"
 (out_dir / f"error_{rank}.txt").write_text(message)
 # The communicator must still work after a collective error: one more gather proves no rank is stuck.

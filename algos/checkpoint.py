@@ -1,0 +1,93 @@
+"""Checkpoint files: written atomically, verified by a checksum when read.
+
+A checkpoint is a pickled dict (numpy arrays, numbers, strings, bytes) behind a small header that holds the
+SHA-256 of the payload, so a truncated or corrupted file is told apart from a good one. Files are written to a
+temporary name in the same directory, flushed to disk, then renamed over the target: a crash or a full disk
+leaves the previous checkpoint untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+_MAGIC = b"MPIBRL-CKPT-1\n"
+_NAME = re.compile(r"ckpt_(\d{8})\.pkl$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file that cannot be used (missing, truncated, corrupted, or from another run)."""
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader sees either the old file or the complete new one."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+
+
+def save_checkpoint(directory: Path, iteration: int, state: dict[str, Any], keep: int = 3) -> Path:
+    """Write ``state`` as directory/ckpt_{iteration:08d}.pkl, keeping the newest ``keep`` checkpoints."""
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    path = directory / f"ckpt_{iteration:08d}.pkl"
+    write_atomic(path, _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+    for old in list_checkpoints(directory)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read and verify one checkpoint; CheckpointError saying what is wrong otherwise."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror}") from None
+    if not data.startswith(_MAGIC):
+        raise CheckpointError(f"{path} is not a checkpoint of this program (bad header)")
+    header_end = data.find(b"\n", len(_MAGIC))
+    digest, payload = data[len(_MAGIC) : header_end].decode(errors="replace"), data[header_end + 1 :]
+    if header_end < 0 or hashlib.sha256(payload).hexdigest() != digest:
+        raise CheckpointError(f"{path} is truncated or corrupted (checksum mismatch)")
+    return pickle.loads(payload)
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Checkpoint files in ``directory``, oldest first."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if _NAME.search(p.name))
+
+
+def load_latest_checkpoint(directory: Path) -> tuple[Path, dict[str, Any], list[str]]:
+    """The newest checkpoint that verifies, and a warning for each newer one that did not.
+
+    Raises CheckpointError when there is none.
+    """
+    warnings: list[str] = []
+    for path in reversed(list_checkpoints(directory)):
+        try:
+            return path, load_checkpoint(path), warnings
+        except CheckpointError as error:
+            warnings.append(f"skipping {error}")
+    reasons = "; ".join(warnings) or "no ckpt_*.pkl files"
+    raise CheckpointError(f"no usable checkpoint in {directory} ({reasons})")

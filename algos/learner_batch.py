@@ -1,0 +1,57 @@
+"""The normalization steps that PPO and TRPO both apply to a gathered batch before learning from it."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from algos.policy import ActorCritic
+
+
+@dataclass
+class LearnerBatch:
+    """A gathered batch ready for the learner, as TF tensors of N rows."""
+
+    obs: tf.Tensor
+    """(N, obs_dim) float32 observations normalized with the statistics the workers acted with."""
+    act: tf.Tensor
+    """(N, act_dim) float32 (Box) or (N,) int64 (Discrete) actions, as sampled (unclipped)."""
+    adv: tf.Tensor
+    """(N,) float32 advantages normalized to zero mean and unit standard deviation over the batch."""
+    v_target: tf.Tensor
+    """(N,) float32 value targets: the returns normalized with ret_rms after it merged this batch."""
+    explained_var: float
+    """1 - Var(ret - V) / Var(ret) of the values the workers used (NaN when the returns are constant)."""
+
+
+def prepare_batch(
+    ac: ActorCritic, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray
+) -> LearnerBatch:
+    """Normalize a batch for learning; merges ret into ac.ret_rms (but leaves ac.obs_rms alone).
+
+    obs (N, obs_dim) RAW observations; act (N, act_dim) float32 or (N,) int64; adv (N,) GAE advantages;
+    ret (N,) value targets in return units.
+    """
+    adv = np.asarray(adv, dtype=np.float64)
+    ret = np.asarray(ret, dtype=np.float64)
+    # The workers computed ret = adv + V(s), so ret - adv are the values they used: no forward pass needed.
+    ret_var = ret.var()
+    explained_var = float(1.0 - np.var(adv) / ret_var) if ret_var > 0 else float("nan")
+    adv_n = (adv - adv.mean()) / (adv.std() + 1e-8)
+    ac.ret_rms.update(ret[:, None])
+    v_target = ac.ret_rms.normalize(ret[:, None])[:, 0]
+    return LearnerBatch(
+        obs=tf.constant(ac.obs_rms.normalize(obs)),
+        act=tf.constant(act, dtype=tf.int64 if ac.is_discrete else tf.float32),
+        adv=tf.constant(adv_n, dtype=tf.float32),
+        v_target=tf.constant(v_target),
+        explained_var=explained_var,
+    )
+
+
+def batch_specs(ac: ActorCritic) -> tuple[tf.TensorSpec, tf.TensorSpec]:
+    """TensorSpecs (obs, act) with a free batch size, so each tf.function is traced once for any N."""
+    obs_spec = tf.TensorSpec([None, ac.obs_dim], tf.float32)
+    if ac.is_discrete:
+        return obs_spec, tf.TensorSpec([None], tf.int64)
+    return obs_spec, tf.TensorSpec([None, ac.act_dim], tf.float32)

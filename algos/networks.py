@@ -1,0 +1,42 @@
+"""The multilayer perceptrons of the learner (Keras) and their numpy twin used by the workers."""
+
+import keras
+import numpy as np
+
+
+def build_mlp(in_dim: int, out_dim: int, hidden: tuple[int, ...], output_gain: float) -> keras.Model:
+    """Dense MLP (N, in_dim) float32 -> (N, out_dim): tanh hidden layers, linear output.
+
+    Orthogonal weights (gain sqrt(2) on hidden layers, output_gain on the output) and zero biases.
+    model.weights is [W0, b0, W1, b1, ...] with W_i of shape (fan_in, fan_out), the layout
+    numpy_mlp_forward expects.
+    """
+    inputs = keras.Input(shape=(in_dim,), dtype="float32")
+    x = inputs
+    for size in hidden:
+        x = keras.layers.Dense(
+            size,
+            activation="tanh",
+            kernel_initializer=keras.initializers.Orthogonal(gain=np.sqrt(2.0)),
+            bias_initializer="zeros",
+        )(x)
+    outputs = keras.layers.Dense(
+        out_dim,
+        kernel_initializer=keras.initializers.Orthogonal(gain=output_gain),
+        bias_initializer="zeros",
+    )(x)
+    return keras.Model(inputs, outputs)
+
+
+def numpy_mlp_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
+    """The function of build_mlp in numpy: x (N, in_dim) float32 -> (N, out_dim) float32.
+
+    weights: [W0 (in_dim, h0), b0 (h0,), W1, b1, ...], float32, as in model.weights.
+    """
+    h = np.asarray(x, dtype=np.float32)
+    last = len(weights) - 2
+    for i in range(0, len(weights), 2):
+        h = h @ weights[i] + weights[i + 1]
+        if i < last:
+            h = np.tanh(h)
+    return h

@@ -1,0 +1,152 @@
+"""The numpy twin of the networks and the NumpyActor agree with the Keras/TF learner."""
+
+import math
+
+import gymnasium
+import keras
+import numpy as np
+import tensorflow as tf
+
+from algos import ActorCritic, build_mlp, numpy_mlp_forward
+
+BOX = gymnasium.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
+DISCRETE = gymnasium.spaces.Discrete(4)
+
+
+def actor_critic(space, seed: int = 0, init_log_std: float = -0.5) -> ActorCritic:
+    """An ActorCritic whose normalizers hold non-trivial statistics, so the tests see them used."""
+    keras.utils.set_random_seed(seed)
+    ac = ActorCritic(5, space, hidden=(16, 16), init_log_std=init_log_std)
+    rng = np.random.default_rng(seed)
+    ac.obs_rms.update(rng.normal(2.0, 3.0, size=(100, 5)))
+    ac.ret_rms.update(rng.normal(-40.0, 7.0, size=(100, 1)))
+    return ac
+
+
+def test_build_mlp_layout_and_init():
+    keras.utils.set_random_seed(0)
+    model = build_mlp(5, 3, (16, 8), output_gain=0.01)
+    assert [tuple(w.shape) for w in model.weights] == [(5, 16), (16,), (16, 8), (8,), (8, 3), (3,)]
+    weights = [w.numpy() for w in model.weights]
+    for bias in weights[1::2]:
+        np.testing.assert_array_equal(bias, 0.0)
+    # Orthogonal with gain g: the shorter side's vectors are orthogonal with squared norm g^2.
+    np.testing.assert_allclose(weights[0] @ weights[0].T, 2.0 * np.eye(5), atol=1e-5)
+    np.testing.assert_allclose(weights[4].T @ weights[4], 1e-4 * np.eye(3), atol=1e-8)
+
+
+def test_numpy_forward_equals_keras():
+    keras.utils.set_random_seed(1)
+    model = build_mlp(5, 3, (16, 8), output_gain=1.0)
+    x = np.random.default_rng(0).normal(size=(32, 5)).astype(np.float32)
+    out = numpy_mlp_forward([w.numpy() for w in model.weights], x)
+    assert out.dtype == np.float32 and out.shape == (32, 3)
+    np.testing.assert_allclose(out, model(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_variables_and_broadcast_state():
+    ac = actor_critic(BOX)
+    variables = ac.variables()
+    assert all(isinstance(v, tf.Variable) for v in variables)
+    assert len(variables) == 6 + 1 + 6
+    assert variables[6] is ac.log_std
+    # Assigning to what variables() hands out changes the model itself (what a broadcast relies on).
+    variables[0].assign(np.zeros((5, 16), np.float32))
+    np.testing.assert_array_equal(ac.pi_net.weights[0].numpy(), 0.0)
+    state = ac.broadcast_state()
+    assert len(state) == len(variables) + 6
+    assert state[-6] is ac.obs_rms.mean and state[-1] is ac.ret_rms.count
+    assert ActorCritic(5, DISCRETE).log_std is None and len(ActorCritic(5, DISCRETE).variables()) == 12
+
+
+def test_numpy_actor_matches_tf_box():
+    ac = actor_critic(BOX)
+    actor = ac.numpy_actor()
+    raw = np.random.default_rng(2).normal(2.0, 3.0, size=(20, 5)).astype(np.float32)
+    obs_n = ac.obs_rms.normalize(raw)
+    mean = ac.pi_net(obs_n).numpy()
+    act = actor.act(raw, np.random.default_rng(0), deterministic=True)
+    assert act.dtype == np.float32 and act.shape == (20, 3)
+    np.testing.assert_allclose(act, mean, rtol=1e-5, atol=1e-6)
+    value = actor.value(raw)
+    expected = ac.v_net(obs_n).numpy()[:, 0] * np.sqrt(ac.ret_rms.var[0] + 1e-8) + ac.ret_rms.mean[0]
+    assert value.dtype == np.float32 and value.shape == (20,)
+    np.testing.assert_allclose(value, expected, rtol=1e-5)
+    np.testing.assert_allclose(ac.value(obs_n).numpy(), ac.v_net(obs_n).numpy()[:, 0])
+
+
+def test_numpy_actor_samples_box():
+    ac = actor_critic(BOX, init_log_std=0.3)
+    raw = np.tile(np.array([[1.0, 2.0, 3.0, 4.0, 5.0]], np.float32), (20000, 1))
+    actor = ac.numpy_actor()
+    samples = actor.act(raw, np.random.default_rng(0))
+    mean = actor.act(raw[:1], np.random.default_rng(0), deterministic=True)[0]
+    np.testing.assert_allclose(samples.mean(axis=0), mean, atol=0.05)
+    np.testing.assert_allclose(samples.std(axis=0), math.exp(0.3), rtol=0.03)
+
+
+def test_numpy_actor_matches_tf_discrete():
+    ac = actor_critic(DISCRETE)
+    actor = ac.numpy_actor()
+    raw = np.random.default_rng(3).normal(2.0, 3.0, size=(20, 5)).astype(np.float32)
+    logits = ac.pi_net(ac.obs_rms.normalize(raw)).numpy()
+    act = actor.act(raw, np.random.default_rng(0), deterministic=True)
+    assert act.dtype == np.int64 and act.shape == (20,)
+    np.testing.assert_array_equal(act, logits.argmax(axis=1))
+    # Sampled frequencies follow softmax(logits) (large logits so the distribution is far from uniform).
+    weights = [w.numpy() for w in ac.pi_net.weights]
+    weights[-1] = weights[-1] + np.array([0.0, 1.0, -1.0, 0.5], np.float32)
+    actor.pi_weights = weights
+    samples = actor.act(np.repeat(raw[:1], 40000, axis=0), np.random.default_rng(1))
+    probs = np.exp(numpy_mlp_forward(weights, ac.obs_rms.normalize(raw[:1]))[0])
+    np.testing.assert_allclose(np.bincount(samples, minlength=4) / 40000, probs / probs.sum(), atol=0.01)
+
+
+def test_numpy_actor_is_a_snapshot():
+    ac = actor_critic(BOX)
+    actor = ac.numpy_actor()
+    raw = np.ones((1, 5), np.float32)
+    before = actor.act(raw, np.random.default_rng(0), deterministic=True), actor.value(raw)
+    for v in ac.variables():
+        v.assign(v + 1.0)
+    ac.obs_rms.update(np.full((10, 5), 100.0))
+    after = actor.act(raw, np.random.default_rng(0), deterministic=True), actor.value(raw)
+    np.testing.assert_array_equal(before[0], after[0])
+    np.testing.assert_array_equal(before[1], after[1])
+
+
+def test_log_prob_entropy_kl_box():
+    ac = actor_critic(BOX)
+    obs = tf.constant(np.random.default_rng(4).normal(size=(10, 5)).astype(np.float32))
+    act = np.random.default_rng(5).normal(size=(10, 3)).astype(np.float32)
+    mean = ac.pi_net(obs).numpy()
+    std = np.exp(ac.log_std.numpy())
+    expected = (-0.5 * ((act - mean) / std) ** 2 - np.log(std) - 0.5 * math.log(2 * math.pi)).sum(axis=1)
+    np.testing.assert_allclose(ac.log_prob(obs, tf.constant(act)).numpy(), expected, rtol=1e-5)
+    entropy = (np.log(std) + 0.5 * math.log(2 * math.pi * math.e)).sum()
+    np.testing.assert_allclose(ac.entropy(obs).numpy(), np.full(10, entropy), rtol=1e-6)
+    old = ac.dist_params(obs)
+    assert old.shape == (10, 6)
+    assert abs(float(ac.kl(old, obs))) < 1e-7
+    # Shift every mean by 0.1 and double the std: KL per dimension = log 2 + (1 + 0.01 / std_old^2) / 8 - 0.5.
+    ac.pi_net.weights[-1].assign(ac.pi_net.weights[-1] + 0.1)
+    ac.log_std.assign(ac.log_std + math.log(2.0))
+    expected_kl = (math.log(2.0) + (1.0 + 0.01 / std**2) / 8.0 - 0.5).sum()
+    np.testing.assert_allclose(float(ac.kl(old, obs)), expected_kl, rtol=1e-5)
+
+
+def test_log_prob_entropy_kl_discrete():
+    ac = actor_critic(DISCRETE)
+    obs = tf.constant(np.random.default_rng(6).normal(size=(10, 5)).astype(np.float32))
+    act = np.arange(10, dtype=np.int64) % 4
+    logits = ac.pi_net(obs).numpy().astype(np.float64)
+    logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    expected = logp[np.arange(10), act]
+    np.testing.assert_allclose(ac.log_prob(obs, tf.constant(act)).numpy(), expected, rtol=1e-5)
+    np.testing.assert_allclose(ac.entropy(obs).numpy(), -(np.exp(logp) * logp).sum(axis=1), rtol=1e-5)
+    old = ac.dist_params(obs)
+    ac.pi_net.weights[-1].assign([0.3, 0.0, -0.2, 0.0])
+    new_logits = ac.pi_net(obs).numpy().astype(np.float64)
+    new_logp = new_logits - np.log(np.exp(new_logits).sum(axis=1, keepdims=True))
+    expected_kl = (np.exp(logp) * (logp - new_logp)).sum(axis=1).mean()
+    np.testing.assert_allclose(float(ac.kl(old, obs)), expected_kl, rtol=1e-4)

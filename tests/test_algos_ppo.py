@@ -1,0 +1,91 @@
+"""PPO: an update runs, learns CartPole quickly, and resumes bit for bit from saved state."""
+
+import copy
+import time
+
+import gymnasium
+import keras
+import numpy as np
+
+from algos import PPO, ActorCritic, PPOConfig, RolloutWorker
+
+STAT_KEYS = {"pi_loss", "v_loss", "entropy", "kl", "clip_frac", "epochs", "explained_var"}
+
+
+def make_learner(seed: int, cfg: PPOConfig | None = None) -> tuple[ActorCritic, PPO]:
+    keras.utils.set_random_seed(seed)
+    ac = ActorCritic(4, gymnasium.make("CartPole-v1").action_space)
+    return ac, PPO(ac, cfg or PPOConfig(), seed=seed)
+
+
+def cartpole_batches(ac: ActorCritic, n_batches: int, n_steps: int = 512) -> list[dict[str, np.ndarray]]:
+    worker = RolloutWorker(gymnasium.make("CartPole-v1"), seed=0, gamma=0.99, lam=0.95)
+    rng = np.random.default_rng(0)
+    return [worker.collect(n_steps, ac.numpy_actor(), rng)[0] for _ in range(n_batches)]
+
+
+def update(ppo: PPO, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    return ppo.update(batch["obs"], batch["act"], batch["adv"], batch["ret"])
+
+
+def test_one_update_returns_finite_stats_and_updates_normalizers():
+    ac, ppo = make_learner(0)
+    (batch,) = cartpole_batches(ac, 1)
+    before = [v.numpy().copy() for v in ac.variables()]
+    stats = update(ppo, batch)
+    assert set(stats) == STAT_KEYS
+    assert all(isinstance(v, float) and np.isfinite(v) for v in stats.values()), stats
+    assert 1 <= stats["epochs"] <= 10 and stats["kl"] >= 0.0
+    assert any(not np.array_equal(b, v.numpy()) for b, v in zip(before, ac.variables(), strict=True))
+    np.testing.assert_allclose(ac.obs_rms.mean, batch["obs"].mean(axis=0), rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(ac.ret_rms.mean, [batch["ret"].mean()], rtol=1e-3)
+
+
+def test_target_kl_stops_epochs_early():
+    ac, ppo = make_learner(0, PPOConfig(lr=3e-3, target_kl=1e-4))
+    (batch,) = cartpole_batches(ac, 1)
+    assert update(ppo, batch)["epochs"] < 10
+
+
+def test_learns_cartpole():
+    start = time.monotonic()
+    ac, ppo = make_learner(0)
+    worker = RolloutWorker(gymnasium.make("CartPole-v1"), seed=0, gamma=0.99, lam=0.95)
+    rng = np.random.default_rng(0)
+    mean_returns = []
+    for _ in range(4):
+        batch, episodes = worker.collect(2048, ac.numpy_actor(), rng)
+        mean_returns.append(episodes["ep_return"].mean())
+        update(ppo, batch)
+    _, episodes = worker.collect(2048, ac.numpy_actor(), rng)
+    mean_returns.append(episodes["ep_return"].mean())
+    assert mean_returns[0] < 40 and mean_returns[-1] > 100, mean_returns
+    assert time.monotonic() - start < 60, "the learning check must stay short"
+
+
+def test_resume_from_saved_state_is_bit_identical():
+    cfg = PPOConfig(epochs=3)
+    ac, ppo = make_learner(0, cfg)
+    first, second = cartpole_batches(ac, 2, n_steps=256)
+    update(ppo, first)
+    saved_weights = [v.numpy() for v in ac.variables()]
+    saved_normalizers = [a.copy() for a in ac.obs_rms.arrays() + ac.ret_rms.arrays()]
+    saved_optimizer = ppo.optimizer_state()
+    saved_rng = copy.deepcopy(ppo.rng_state())
+    stats = update(ppo, second)
+
+    resumed_ac, resumed = make_learner(1, cfg)  # different initial weights and shuffling, all overwritten
+    for variable, value in zip(resumed_ac.variables(), saved_weights, strict=True):
+        variable.assign(value)
+    resumed_normalizers = resumed_ac.obs_rms.arrays() + resumed_ac.ret_rms.arrays()
+    for array, value in zip(resumed_normalizers, saved_normalizers, strict=True):
+        array[...] = value
+    resumed.set_optimizer_state(saved_optimizer)
+    resumed.set_rng_state(saved_rng)
+    assert update(resumed, second) == stats
+    for a, b in zip(ac.variables(), resumed_ac.variables(), strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for a, b in zip(ppo.optimizer_state(), resumed.optimizer_state(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(ac.obs_rms.arrays(), resumed_ac.obs_rms.arrays(), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -1,0 +1,89 @@
+"""TRPO: an update stays inside the trust region, and resumes bit for bit from saved state."""
+
+import copy
+
+import gymnasium
+import keras
+import numpy as np
+
+from algos import TRPO, ActorCritic, RolloutWorker, TRPOConfig
+from algos.trpo import _conjugate_gradient
+
+STAT_KEYS = {"pi_loss", "v_loss", "entropy", "kl", "backtracks", "explained_var"}
+
+
+def make_learner(env_id: str, seed: int, cfg: TRPOConfig | None = None) -> tuple[ActorCritic, TRPO]:
+    keras.utils.set_random_seed(seed)
+    env = gymnasium.make(env_id)
+    ac = ActorCritic(env.observation_space.shape[0], env.action_space)
+    return ac, TRPO(ac, cfg or TRPOConfig(), seed=seed)
+
+
+def batches(env_id: str, ac: ActorCritic, n_batches: int, n_steps: int = 512) -> list[dict[str, np.ndarray]]:
+    worker = RolloutWorker(gymnasium.make(env_id), seed=0, gamma=0.99, lam=0.95)
+    rng = np.random.default_rng(0)
+    return [worker.collect(n_steps, ac.numpy_actor(), rng)[0] for _ in range(n_batches)]
+
+
+def update(trpo: TRPO, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    return trpo.update(batch["obs"], batch["act"], batch["adv"], batch["ret"])
+
+
+def test_conjugate_gradient_solves_spd_system():
+    rng = np.random.default_rng(0)
+    m = rng.normal(size=(6, 6))
+    a = m @ m.T + 0.5 * np.eye(6)
+    b = rng.normal(size=6)
+    x = _conjugate_gradient(lambda v: a @ v, b, iters=20)
+    np.testing.assert_allclose(x, np.linalg.solve(a, b), rtol=1e-6)
+
+
+def check_update(env_id: str) -> None:
+    cfg = TRPOConfig(vf_epochs=2)
+    ac, trpo = make_learner(env_id, 0, cfg)
+    (batch,) = batches(env_id, ac, 1)
+    pi_before = [v.numpy().copy() for v in ac.policy_variables()]
+    stats = update(trpo, batch)
+    assert set(stats) == STAT_KEYS
+    assert all(isinstance(v, float) and np.isfinite(v) for v in stats.values()), stats
+    # The step was accepted, inside the trust region and near its edge (the quadratic model is good there).
+    assert stats["backtracks"] < cfg.backtrack_iters
+    assert 0.0 < stats["kl"] <= cfg.max_kl
+    assert stats["kl"] > 0.2 * cfg.max_kl
+    pi_after = [v.numpy() for v in ac.policy_variables()]
+    assert any(not np.array_equal(b, a) for b, a in zip(pi_before, pi_after, strict=True))
+    np.testing.assert_allclose(ac.obs_rms.mean, batch["obs"].mean(axis=0), rtol=1e-3, atol=1e-6)
+
+
+def test_one_update_cartpole():
+    check_update("CartPole-v1")
+
+
+def test_one_update_pendulum():
+    check_update("Pendulum-v1")
+
+
+def test_resume_from_saved_state_is_bit_identical():
+    cfg = TRPOConfig(vf_epochs=2)
+    ac, trpo = make_learner("CartPole-v1", 0, cfg)
+    first, second = batches("CartPole-v1", ac, 2, n_steps=256)
+    update(trpo, first)
+    saved_weights = [v.numpy() for v in ac.variables()]
+    saved_normalizers = [a.copy() for a in ac.obs_rms.arrays() + ac.ret_rms.arrays()]
+    saved_optimizer = trpo.optimizer_state()
+    saved_rng = copy.deepcopy(trpo.rng_state())
+    stats = update(trpo, second)
+
+    resumed_ac, resumed = make_learner("CartPole-v1", 1, cfg)
+    for variable, value in zip(resumed_ac.variables(), saved_weights, strict=True):
+        variable.assign(value)
+    resumed_normalizers = resumed_ac.obs_rms.arrays() + resumed_ac.ret_rms.arrays()
+    for array, value in zip(resumed_normalizers, saved_normalizers, strict=True):
+        array[...] = value
+    resumed.set_optimizer_state(saved_optimizer)
+    resumed.set_rng_state(saved_rng)
+    assert update(resumed, second) == stats
+    for a, b in zip(ac.variables(), resumed_ac.variables(), strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for a, b in zip(trpo.optimizer_state(), resumed.optimizer_state(), strict=True):
+        np.testing.assert_array_equal(a, b)
