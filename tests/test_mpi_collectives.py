@@ -114,3 +114,13 @@ def test_waiting_rank_does_not_spin(run_mpi, tmp_path, nprocs):
             assert report[name]["wall_s"] > 1.5, report  # it really waited for rank 0
             # A busy-polling wait would burn ~2 s of CPU here; the sleeping poll burns a few tens of ms.
             assert report[name]["cpu_s"] < 0.3, report
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_gathered_batch_equals_sequential_rollouts_of_each_rank(run_mpi, tmp_path, env_id):
+    run_mpi(2, "rollout_gather.py", str(tmp_path), env_id, timeout=180)
+    saved = load(tmp_path / f"rollouts_{env_id}.npz")
+    for key in ("obs", "act", "adv", "ret"):
+        gathered, sequential = saved[f"gathered_{key}"], saved[f"sequential_{key}"]
+        assert gathered.shape[0] == 2 * 600
+        assert gathered.tobytes() == sequential.tobytes(), key

@@ -1,0 +1,182 @@
+"""train.py end to end: real MPI (mpi_fork under mpiexec), real gymnasium envs, real TensorFlow, small budgets."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_bounded
+
+TRAIN = str(REPO / "train.py")
+# Columns that depend on the wall clock; every other logged value must be reproducible.
+TIMING_COLUMNS = {"steps_per_s", "wall_s", "t_rollout", "t_gather", "t_update", "t_bcast"}
+
+
+def train(*args: str, timeout: float = 240) -> tuple[Path, str]:
+    """Run train.py, expect success, return (run directory, stdout)."""
+    result = run_bounded([sys.executable, TRAIN, *args], timeout=timeout)
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    match = re.search(r"done: .* run directory (\S+)", result.stdout)
+    assert match, result.stdout[-3000:]
+    return Path(match.group(1)), result.stdout
+
+
+def progress(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "progress.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def reproducible_part(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    return [{k: v for k, v in row.items() if k not in TIMING_COLUMNS} for row in rows]
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+LEARNING = [
+    # env, algo, steps, threshold on the mean return of the last two iterations (random play: ~22 and ~8)
+    ("CartPole-v1", "ppo", 30720, 400.0),
+    ("CartPole-v1", "trpo", 30720, 400.0),
+    ("InvertedPendulum-v5", "ppo", 30720, 500.0),
+    ("InvertedPendulum-v5", "trpo", 30720, 500.0),
+]
+
+
+@pytest.fixture(scope="module")
+def learned_runs(runs_dir) -> dict[tuple[str, str], Path]:
+    runs = {}
+    for env_id, algo, steps, _ in LEARNING:
+        run_dir, _ = train(env_id, "--algo", algo, "--nprocs", "2", "--total_steps", str(steps), "--check_sync",
+                           "--logdir", str(runs_dir / f"{env_id}_{algo}"))
+        runs[(env_id, algo)] = run_dir
+    return runs
+
+
+@pytest.mark.parametrize(("env_id", "algo", "steps", "threshold"), LEARNING)
+def test_learns_at_two_processes(learned_runs, env_id, algo, steps, threshold):
+    rows = progress(learned_runs[(env_id, algo)])
+    assert int(rows[-1]["total_steps"]) == steps  # stopped at its budget
+    first = float(rows[0]["ep_return_mean"])
+    last = [float(r["ep_return_mean"]) for r in rows[-2:]]
+    assert sum(last) / 2 >= threshold, (first, last)
+    assert all(r["sync_ok"] == "1.0" for r in rows)  # all ranks bit-identical after every broadcast
+
+
+def test_run_directory_has_config_csv_tensorboard_checkpoints_plot(learned_runs):
+    run_dir = learned_runs[("CartPole-v1", "ppo")]
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["env_id"] == "CartPole-v1" and config["algo"] == "ppo" and config["nprocs"] == 2
+    header = progress(run_dir)[0].keys()
+    for column in ("iteration", "total_steps", "total_episodes", "ep_return_mean", "ep_return_min", "ep_return_max",
+                   "steps_per_s", "kl", "entropy", "pi_loss", "v_loss", "t_rollout", "t_gather", "t_update",
+                   "t_bcast"):
+        assert column in header
+    assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    assert [p.name for p in sorted((run_dir / "checkpoints").glob("ckpt_*.pkl"))] == [
+        "ckpt_00000010.pkl", "ckpt_00000015.pkl"]
+    assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_play_runs_saved_policy(learned_runs):
+    run_dir = learned_runs[("InvertedPendulum-v5", "ppo")]
+    result = run_bounded([sys.executable, TRAIN, "--play", str(run_dir), "--episodes", "2"], timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    returns = [float(x) for x in re.findall(r"episode \d: return ([\d.]+)", result.stdout)]
+    assert len(returns) == 2 and min(returns) >= 500, result.stdout
+
+
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_weights_identical_on_every_rank_each_iteration(runs_dir, nprocs):
+    run_dir, _ = train("Pendulum-v1", "--nprocs", str(nprocs), "--total_steps", "6000", "--batch_size", "2000",
+                       "--check_sync", "--logdir", str(runs_dir / f"sync{nprocs}"))
+    rows = progress(run_dir)
+    assert len(rows) == 3
+    assert all(r["sync_ok"] == "1.0" for r in rows)
+
+
+def test_same_seed_same_results_other_seed_differs(runs_dir):
+    common = ["Pendulum-v1", "--algo", "trpo", "--nprocs", "2", "--total_steps", "6144"]
+    first, _ = train(*common, "--logdir", str(runs_dir / "det1"))
+    second, _ = train(*common, "--logdir", str(runs_dir / "det2"))
+    other, _ = train(*common, "--seed", "1", "--logdir", str(runs_dir / "det3"))
+    assert reproducible_part(progress(first)) == reproducible_part(progress(second))
+    assert reproducible_part(progress(first)) != reproducible_part(progress(other))
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir):
+    common = ["Pendulum-v1", "--nprocs", "2", "--checkpoint_every", "3"]
+    whole, _ = train(*common, "--total_steps", "12288", "--logdir", str(runs_dir / "whole"))
+    part, _ = train(*common, "--total_steps", "6144", "--logdir", str(runs_dir / "part"))
+    resumed, out = train("--resume", str(part), "--nprocs", "2", "--total_steps", "12288")
+    assert resumed == part
+    assert "from ckpt_00000003.pkl: iteration 3, step 6144" in out
+    assert reproducible_part(progress(resumed)) == reproducible_part(progress(whole))
+
+
+def test_resume_with_different_nprocs_keeps_counters(runs_dir):
+    part, _ = train("CartPole-v1", "--nprocs", "2", "--total_steps", "4096", "--logdir", str(runs_dir / "renproc"))
+    resumed, out = train("--resume", str(part), "--nprocs", "3", "--total_steps", "8192")
+    assert "(was 2 processes: fresh episodes)" in out
+    rows = progress(resumed)
+    assert [int(r["total_steps"]) for r in rows] == [2048, 4096, 6144, 8192]
+    assert json.loads((resumed / "config.json").read_text())["nprocs"] == 3
+
+
+def test_bare_env_name_resolves_to_newest_version():
+    sys.path.insert(0, str(REPO))
+    from train import resolve_env_id
+
+    assert resolve_env_id("Walker2d") == "Walker2d-v5"
+    assert resolve_env_id("CartPole") == "CartPole-v1"
+    assert resolve_env_id("Hopper-v4") == "Hopper-v4"
+
+
+def test_help_explains_every_option():
+    result = run_bounded([sys.executable, TRAIN, "--help"], timeout=60)
+    assert result.returncode == 0
+    for option in ("--algo", "--nprocs", "--gpu_pct", "--total_steps", "--num_episodes", "--batch_size", "--gamma",
+                   "--lam", "--kl_targ", "--hidden", "--seed", "--logdir", "--resume", "--play", "--video",
+                   "--check_sync", "--checkpoint_every"):
+        assert option in result.stdout
+    assert "(default: 2048)" in result.stdout and "(default: ppo)" in result.stdout
+
+
+BAD_INPUTS = [
+    (["Walker2dd"], "unknown environment 'Walker2dd'; closest registered: Walker2d"),
+    (["Blackjack-v1"], "only flat Box observations are supported"),
+    (["CartPole-v1", "--nprocs", "two"], "--nprocs must be an integer >= 1, got 'two'"),
+    (["CartPole-v1", "--nprocs", "0"], "--nprocs must be an integer >= 1, got '0'"),
+    (["CartPole-v1", "--gpu_pct", "1.5"], "--gpu_pct must be in [0, 1]"),
+    (["CartPole-v1", "--gpu_pct", "-0.1"], "--gpu_pct must be in [0, 1]"),
+    (["CartPole-v1", "--nprocs", "4", "--batch_size", "3"], "--batch_size 3 is smaller than --nprocs 4"),
+    (["CartPole-v1", "--total_steps", "0"], "--total_steps must be at least 1"),
+    (["CartPole-v1", "--num_episodes", "-5"], "--num_episodes must be at least 1"),
+    (["CartPole-v1", "--gamma", "1.5"], "--gamma must be in (0, 1]"),
+    (["CartPole-v1", "--lam", "0"], "--lam must be in (0, 1]"),
+    (["CartPole-v1", "--hidden", "64,x"], "--hidden must be comma-separated layer sizes"),
+    (["--resume", "/nonexistent/run"], "not a run directory (no config.json)"),
+    ([], "name an environment"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS)
+def test_bad_input_is_one_clear_line_before_any_work(tmp_path, args, message):
+    result = run_bounded([sys.executable, TRAIN, *args, "--logdir", str(tmp_path)], timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: "), result.stderr
+    assert message in lines[0], lines[0]
+    assert not list(tmp_path.iterdir())  # nothing was started or written
+
+
+def test_resume_of_another_env_is_refused(learned_runs):
+    run_dir = learned_runs[("CartPole-v1", "ppo")]
+    result = run_bounded([sys.executable, TRAIN, "Walker2d", "--resume", str(run_dir)], timeout=60)
+    assert result.returncode == 2
+    assert f"--resume {run_dir} is a CartPole-v1 run, not Walker2d-v5" in result.stderr
