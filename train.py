@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -67,6 +68,8 @@ class TrainConfig:
     """Write a checkpoint every this many iterations (and at the end)."""
     check_sync: bool = False
     """Verify after every broadcast that all ranks hold bit-identical learner state."""
+    stall_timeout: float = 600.0
+    """Abort the job when a rank waits this many seconds for the others in a collective (0: never)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -113,6 +116,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--check_sync", action="store_true",
                         help="after every broadcast verify that all ranks hold bit-identical weights and normalizer "
                              "statistics (one small extra gather per iteration; logged as sync_ok)")
+    parser.add_argument("--stall_timeout", type=float, default=TrainConfig.stall_timeout,
+                        help="seconds a process may wait for the others at a gather or broadcast before the job "
+                             "is aborted, naming the process that did not arrive; 0 waits forever "
+                             "(default: %(default)s)")
     parser.add_argument("--logdir", type=str, default="runs",
                         help="directory that holds the run directories (default: %(default)s)")
     parser.add_argument("--resume", type=str, metavar="RUN_DIR", default=None,
@@ -127,19 +134,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def resolve_env_id(name: str) -> str:
-    """Registered gymnasium id for ``name``: exact ids as they are, bare names to their newest version."""
+    """Registered gymnasium id for ``name``: exact ids as they are, bare names to their newest version.
+
+    "package.module:EnvId" imports the module (which registers the env) and keeps the prefix, so that
+    gymnasium.make imports it again in every process, on --resume and on --play.
+    """
+    import importlib
+
     import gymnasium
 
+    module, _, env_name = name.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ValueError(f"cannot import '{module}' to register environment '{env_name}': {error}") from None
     registry = gymnasium.envs.registry
-    if name in registry:
-        return name
-    versions = [(int(m.group(1)), env_id) for env_id in registry if (m := re.fullmatch(re.escape(name) + r"-v(\d+)",
-                                                                                       env_id))]
+    prefix = f"{module}:" if module else ""
+    if env_name in registry:
+        return prefix + env_name
+    versions = [(int(m.group(1)), env_id) for env_id in registry
+                if (m := re.fullmatch(re.escape(env_name) + r"-v(\d+)", env_id))]
     if versions:
-        return max(versions)[1]
-    close = difflib.get_close_matches(name, list(registry), n=3, cutoff=0.5)
+        return prefix + max(versions)[1]
+    close = difflib.get_close_matches(env_name, list(registry), n=3, cutoff=0.5)
     hint = f"; closest registered: {', '.join(close)}" if close else ""
-    raise ValueError(f"unknown environment '{name}'{hint}")
+    raise ValueError(f"unknown environment '{env_name}'{hint}")
 
 
 def check_env_spaces(env_id: str) -> None:
@@ -189,6 +209,7 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
         config.total_steps = args.total_steps if "--total_steps" in sys.argv else config.total_steps
         config.num_episodes = args.num_episodes if args.num_episodes is not None else config.num_episodes
         config.check_sync = args.check_sync or config.check_sync
+        config.stall_timeout = args.stall_timeout
     else:
         if not args.env_name:
             raise ValueError("name an environment, e.g. `python train.py Walker2d`, or pass --resume/--play RUN_DIR")
@@ -197,7 +218,7 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
             total_steps=args.total_steps, num_episodes=args.num_episodes, batch_size=args.batch_size,
             gamma=args.gamma, lam=args.lam, kl_targ=args.kl_targ, hidden=hidden, lr=args.lr, epochs=args.epochs,
             minibatch_size=args.minibatch_size, seed=args.seed, checkpoint_every=args.checkpoint_every,
-            check_sync=args.check_sync,
+            check_sync=args.check_sync, stall_timeout=args.stall_timeout,
         )
         run_dir = Path(os.environ.get(_RUN_DIR_VARIABLE) or unused_run_dir(
             Path(args.logdir) / f"{config.env_id}_{config.algo}_s{config.seed}_{time.strftime('%Y%m%d-%H%M%S')}"))
@@ -228,6 +249,8 @@ def check_config(config: TrainConfig) -> None:
             raise ValueError(f"--{name} must be in (0, 1], got {getattr(config, name)}")
     if config.kl_targ is not None and not config.kl_targ > 0:
         raise ValueError(f"--kl_targ must be > 0, got {config.kl_targ}")
+    if config.stall_timeout < 0:
+        raise ValueError(f"--stall_timeout must be >= 0 seconds (0: never), got {config.stall_timeout}")
     if not config.lr > 0:
         raise ValueError(f"--lr must be > 0, got {config.lr}")
     check_env_spaces(config.env_id)
@@ -279,7 +302,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     import tensorflow as tf
 
     from algos import PPO, TRPO, ActorCritic, PPOConfig, RolloutWorker, TRPOConfig
-    from algos.checkpoint import load_latest_checkpoint, save_checkpoint
+    from algos.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
     from algos.env_state import restore_env, snapshot_env
     from algos.logger import RunLogger
 
@@ -288,6 +311,21 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     tf.config.threading.set_inter_op_parallelism_threads(2 if rank == 0 else 1)
     tf.config.experimental.enable_op_determinism()  # same seed and nprocs, same results
     mpi_util.set_global_seeds(config.seed)
+    mpi_util.set_stall_timeout(config.stall_timeout or None)
+
+    # Ctrl-C or SIGTERM (mpiexec passes them on to every rank): finish the iteration, checkpoint, exit cleanly.
+    # Rank 0's flag decides, through the broadcast counters, so every rank stops at the same iteration.
+    stop_signals: list[int] = []
+
+    def request_stop(signum: int, _frame: object) -> None:
+        if stop_signals:
+            raise KeyboardInterrupt  # a second signal: stop now, without a checkpoint
+        stop_signals.append(signum)
+        mpi_util.print0(f"received signal {signum}: stopping after this iteration with a checkpoint "
+                        "(send it again to stop at once)")
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
 
     env = gymnasium.make(config.env_id)
     worker = RolloutWorker(env, seed=mpi_util.rank_seed(config.seed, rank), gamma=config.gamma, lam=config.lam)
@@ -335,14 +373,22 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
             worker = RolloutWorker(gymnasium.make(config.env_id), seed=int(fresh_seed[0]), gamma=config.gamma,
                                    lam=config.lam)
 
+    def budget_spent() -> bool:
+        return bool(counters[1] >= config.total_steps
+                    or (config.num_episodes is not None and counters[2] >= config.num_episodes))
+
     logger = None
     if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
-        logger = RunLogger(run_dir, config.total_steps, progress_bar=os.environ.get(_TTY_VARIABLE) == "1",
-                           resume=resuming)
-        if resuming:
-            logger.truncate_after(int(counters[0]))
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
+            logger = RunLogger(run_dir, config.total_steps, progress_bar=os.environ.get(_TTY_VARIABLE) == "1",
+                               resume=resuming)
+            if resuming:
+                logger.truncate_after(int(counters[0]))
+        except OSError as error:
+            mpi_util.abort(f"train.py: error: cannot write the run directory {run_dir}: {error}")
+        counters[3] = budget_spent()
         mpi_util.print0(f"{config.algo.upper()} on {config.env_id}: {nprocs} processes, batch {config.batch_size} "
                         f"steps, budget {config.total_steps} steps; run directory {run_dir}")
 
@@ -357,12 +403,19 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
                 "action_rng": action_rng.bit_generator.state}
         ranks_state = mpi_util.COMM_WORLD.gather(mine, root=0)
         if rank == 0:
-            save_checkpoint(run_dir / "checkpoints", int(counters[0]), {
-                "config": asdict(config), "nprocs": nprocs, "counters": counters.copy(),
-                "elapsed_s": elapsed_before + time.monotonic() - started,
-                "ac_state": [as_numpy(v) for v in ac.broadcast_state()],
-                "optimizer": learner.optimizer_state(), "learner_rng": learner.rng_state(), "ranks": ranks_state,
-            })
+            try:
+                save_checkpoint(run_dir / "checkpoints", int(counters[0]), {
+                    "config": asdict(config), "nprocs": nprocs, "counters": counters.copy(),
+                    "elapsed_s": elapsed_before + time.monotonic() - started,
+                    "ac_state": [as_numpy(v) for v in ac.broadcast_state()],
+                    "optimizer": learner.optimizer_state(), "learner_rng": learner.rng_state(),
+                    "ranks": ranks_state,
+                })
+            except OSError as error:
+                kept = list_checkpoints(run_dir / "checkpoints")
+                mpi_util.abort(f"train.py: error: cannot write the checkpoint of iteration {counters[0]} in "
+                               f"{run_dir / 'checkpoints'}: {error.strerror or error}; the last good checkpoint, "
+                               f"{kept[-1].name if kept else 'none'}, is untouched")
 
     while not counters[3]:
         t0 = time.monotonic()
@@ -377,8 +430,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
             counters[0] += 1
             counters[1] += config.batch_size
             counters[2] += len(episodes["ep_return"])
-            counters[3] = counters[1] >= config.total_steps or (
-                config.num_episodes is not None and counters[2] >= config.num_episodes)
+            counters[3] = budget_spent() or bool(stop_signals)
         t3 = time.monotonic()
         mpi_util.rank0_bcast_wts(broadcast_state)
         t4 = time.monotonic()
@@ -393,7 +445,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
                                        f"rank(s) {np.nonzero(np.any(digests != digests[0], axis=1))[0].tolist()}")
         if rank == 0:
             returns = episodes["ep_return"]
-            logger.log({
+            row = {
                 "iteration": int(counters[0]), "total_steps": int(counters[1]), "total_episodes": int(counters[2]),
                 "ep_return_mean": float(returns.mean()) if len(returns) else math.nan,
                 "ep_return_min": float(returns.min()) if len(returns) else math.nan,
@@ -403,7 +455,11 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
                 **{key: float(value) for key, value in stats.items()},
                 "t_rollout": t1 - t0, "t_gather": t2 - t1, "t_update": t3 - t2, "t_bcast": t4 - t3,
                 "wall_s": elapsed_before + t4 - started, "sync_ok": sync_ok,
-            })
+            }
+            try:
+                logger.log(row)
+            except OSError as error:
+                mpi_util.abort(f"train.py: error: cannot write the logs in {run_dir}: {error}")
         if counters[0] % config.checkpoint_every == 0 or counters[3]:
             checkpoint()
 
@@ -412,6 +468,9 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
         from algos.plot import plot_runs
 
         plot_runs([run_dir], run_dir / "learning_curve.png")
+        if stop_signals:
+            mpi_util.print0(f"stopped by signal {stop_signals[0]} after iteration {int(counters[0])}; checkpoint "
+                            f"written; continue with: python train.py --resume {run_dir}")
         mpi_util.print0(f"done: {int(counters[1])} steps, {int(counters[2])} episodes in "
                         f"{elapsed_before + time.monotonic() - started:.0f} s; run directory {run_dir}")
     return 0

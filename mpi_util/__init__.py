@@ -16,6 +16,7 @@ from .bcast import WeightMismatchError, rank0_bcast_wts
 from .comm import (
     COMM_WORLD,
     CollectiveStallError,
+    abort,
     all_mean,
     all_sum,
     install_abort_on_exception,
@@ -39,6 +40,7 @@ __all__ = [
     "ForkResult",
     "MpiexecNotFoundError",
     "WeightMismatchError",
+    "abort",
     "all_mean",
     "all_sum",
     "check_gpu_pct",

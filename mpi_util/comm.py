@@ -41,21 +41,90 @@ class CollectiveStallError(RuntimeError):
     """A rank waited longer than the stall timeout for the others to reach a collective."""
 
 
-def set_stall_timeout(seconds: float | None) -> None:
-    """Abort a wait in any mpi_util collective after ``seconds`` without the other ranks arriving.
+class _ArrivalBoard:
+    """Which collective each rank on this host last entered, in a shared-memory MPI window.
 
-    None (the default, or the MPI_UTIL_STALL_TIMEOUT environment variable when set) waits forever.
+    Each rank stores (sequence number, collective name code) into its own slot on entering a collective, a
+    plain memory write; a rank that times out reads every slot to say who has not arrived. Ranks on other
+    hosts are not on the board (they are reported as unknown).
     """
-    global _stall_timeout_s
+
+    def __init__(self) -> None:
+        node_comm = COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+        self.world_ranks: list[int] = node_comm.allgather(COMM_WORLD.Get_rank())
+        self.index = node_comm.Get_rank()
+        nbytes = 16 * node_comm.Get_size() if self.index == 0 else 0
+        self.window = MPI.Win.Allocate_shared(nbytes, 8, comm=node_comm)
+        buffer, _ = self.window.Shared_query(0)
+        self.slots = np.ndarray(buffer=buffer, dtype=np.int64, shape=(node_comm.Get_size(), 2))
+        self.window.Lock_all(MPI.MODE_NOCHECK)
+        self.slots[self.index] = (0, -1)
+        self.window.Sync()
+        node_comm.Barrier()
+        node_comm.Free()
+
+    def arrive(self, sequence: int, code: int) -> None:
+        self.slots[self.index] = (sequence, code)
+        self.window.Sync()
+
+    def missing(self, sequence: int) -> list[tuple[int, int, int]]:
+        """(world rank, last sequence, last code) of the ranks on this host behind ``sequence``."""
+        self.window.Sync()
+        return [(self.world_ranks[i], int(seq), int(code)) for i, (seq, code) in enumerate(self.slots)
+                if seq < sequence]
+
+
+_board: _ArrivalBoard | None = None
+_sequence = 0  # how many collectives this rank has entered; equal on all ranks when they are in step
+_COLLECTIVE_NAMES: list[str] = []
+
+
+def set_stall_timeout(seconds: float | None) -> None:
+    """Raise CollectiveStallError from any mpi_util collective that waits ``seconds`` for the other ranks.
+
+    The error names the ranks that have not arrived and the collective each last entered (for ranks on the
+    same host). Collective over COMM_WORLD: every rank must call it, at the same point. None waits forever
+    (the default; the MPI_UTIL_STALL_TIMEOUT environment variable sets a timeout without the names).
+    Under ``mpi_fork`` an uncaught CollectiveStallError aborts the whole job.
+    """
+    global _stall_timeout_s, _board
     if seconds is not None and not seconds > 0:
         raise ValueError(f"stall timeout must be > 0 seconds or None, got {seconds!r}")
     _stall_timeout_s = seconds
+    if seconds is not None and _board is None and COMM_WORLD.Get_size() > 1:
+        _board = _ArrivalBoard()
 
 
-def wait_without_spinning(requests: MPI.Request | list[MPI.Request], what: str) -> None:
+def _enter_collective(what: str) -> int:
+    """Count this collective and post the arrival on the board; returns its sequence number."""
+    global _sequence
+    _sequence += 1
+    if _board is not None:
+        if what not in _COLLECTIVE_NAMES:
+            _COLLECTIVE_NAMES.append(what)
+        _board.arrive(_sequence, _COLLECTIVE_NAMES.index(what))
+    return _sequence
+
+
+def _stall_message(what: str, sequence: int | None) -> str:
+    message = f"rank {COMM_WORLD.Get_rank()}: no progress for {_stall_timeout_s:g} s in {what}"
+    if sequence is not None:
+        message += f" (collective #{sequence})"
+    if _board is not None and sequence is not None:
+        late = [
+            f"rank {r} has not arrived (last entered "
+            + (f"{_COLLECTIVE_NAMES[code]}, collective #{seq})" if code >= 0 else "no collective yet)")
+            for r, seq, code in _board.missing(sequence)
+        ]
+        if late:
+            message += ": " + "; ".join(late)
+    return message + "; a rank is stuck or dead (a slow but healthy job needs a longer stall timeout)"
+
+
+def wait_without_spinning(requests: MPI.Request | list[MPI.Request], what: str, sequence: int | None = None) -> None:
     """Complete ``requests`` by polling ``Test`` with short sleeps instead of a busy ``Wait``.
 
-    ``what`` names the collective in the stall error.
+    ``what`` (and ``sequence``, the collective's number) name the collective in the stall error.
     """
     pending = requests if isinstance(requests, list) else [requests]
     started = time.monotonic()
@@ -65,10 +134,7 @@ def wait_without_spinning(requests: MPI.Request | list[MPI.Request], what: str) 
     sleep_s = _POLL_FIRST_SLEEP_S
     while not MPI.Request.Testall(pending):
         if _stall_timeout_s is not None and time.monotonic() - started > _stall_timeout_s:
-            raise CollectiveStallError(
-                f"rank {COMM_WORLD.Get_rank()}: no progress for {_stall_timeout_s:g} s in {what}; "
-                "another rank is stuck or dead (raise the timeout with MPI_UTIL_STALL_TIMEOUT if it is just slow)"
-            )
+            raise CollectiveStallError(_stall_message(what, sequence))
         time.sleep(sleep_s)
         sleep_s = min(2 * sleep_s, _POLL_MAX_SLEEP_S)
 
@@ -76,7 +142,8 @@ def wait_without_spinning(requests: MPI.Request | list[MPI.Request], what: str) 
 def meet(comm: MPI.Comm, what: str) -> None:
     """Block until every rank of ``comm`` has called ``meet``, without spinning the CPU."""
     if comm.Get_size() > 1:
-        wait_without_spinning(comm.Ibarrier(), what)
+        sequence = _enter_collective(what)
+        wait_without_spinning(comm.Ibarrier(), what, sequence)
 
 
 def print0(*args: Any, comm: MPI.Comm | None = None, **kwargs: Any) -> None:
@@ -112,7 +179,8 @@ def exchange_int64(comm: MPI.Comm, values: list[int], what: str) -> np.ndarray:
     """
     mine = np.array(values, dtype=np.int64)
     everyone = np.empty((comm.Get_size(), len(values)), dtype=np.int64)
-    wait_without_spinning(comm.Iallgather(mine, everyone), what)
+    sequence = _enter_collective(what)
+    wait_without_spinning(comm.Iallgather(mine, everyone), what, sequence)
     return everyone
 
 
@@ -167,6 +235,17 @@ def local_rank(comm: MPI.Comm | None = None) -> int:
         return node_comm.Get_rank()
     finally:
         node_comm.Free()
+
+
+def abort(message: str, code: int = 1) -> None:
+    """Print ``message`` to stderr and end the whole MPI job (every rank) with exit status ``code``.
+
+    For a rank that cannot go on while the others are, or soon will be, waiting for it in a collective.
+    """
+    sys.stdout.flush()
+    sys.stderr.write(message.rstrip("\n") + "\n")
+    sys.stderr.flush()
+    COMM_WORLD.Abort(code)
 
 
 def install_abort_on_exception() -> None:

@@ -89,6 +89,17 @@ def find_mpiexec() -> str:
     )
 
 
+def _terminate_with_parent() -> None:
+    """In the launched mpiexec: ask Linux for SIGTERM when the launching process dies (best effort)."""
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
 def mpi_fork(
     n: int,
     gpu_pct: float = 0.0,
@@ -135,7 +146,9 @@ def mpi_fork(
             flags.append("--allow-run-as-root")
     command = [launcher, "-n", str(n), *flags, *mpiexec_args, sys.executable, "-u", *sys.argv]
 
-    job = subprocess.Popen(command, env=env)
+    # The job gets its own session, so a Ctrl-C at the terminal reaches it once, forwarded by this process
+    # (mpiexec treats a second Ctrl-C as "abort now"); and it is told to stop if this process dies.
+    job = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_terminate_with_parent)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         job.send_signal(signum)

@@ -1,0 +1,43 @@
+"""A Pendulum that fails on purpose, for the reliability tests: ``train.py tests.faulty_env:FaultyPendulum-v0``.
+
+FAULT_KIND (raise | kill | hang | nan), FAULT_RANK and FAULT_AT_STEP (this process's env steps) choose what goes
+wrong, on which rank, when. FAULT_KIND=file_limit caps the size of files the ranks may write at FAULT_FILE_BYTES
+once they are running (as a full disk would fail the writes; set before MPI starts it would fail MPI's own shared
+memory). Without FAULT_KIND it is a plain Pendulum-v1.
+"""
+
+import os
+import resource
+import signal
+import time
+
+import gymnasium
+
+
+class FaultyPendulum(gymnasium.Wrapper):
+    def __init__(self) -> None:
+        super().__init__(gymnasium.make("Pendulum-v1"))
+        self.steps = 0
+        if os.environ.get("FAULT_KIND") == "file_limit" and "PMI_RANK" in os.environ:
+            limit = int(os.environ["FAULT_FILE_BYTES"])
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    def step(self, action):
+        self.steps += 1
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        kind = os.environ.get("FAULT_KIND")
+        rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+        chosen = kind in ("raise", "kill", "hang", "nan") and rank == int(os.environ["FAULT_RANK"])
+        if chosen and self.steps == int(os.environ["FAULT_AT_STEP"]):
+            if kind == "raise":
+                raise RuntimeError(f"injected fault at step {self.steps}")
+            if kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if kind == "hang":
+                time.sleep(3600)
+            if kind == "nan":
+                reward = float("nan")
+        return obs, reward, terminated, truncated, info
+
+
+gymnasium.register("FaultyPendulum-v0", entry_point=FaultyPendulum, max_episode_steps=200)

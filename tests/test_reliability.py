@@ -1,0 +1,155 @@
+"""Failures a training job survives or ends cleanly from, under a real mpiexec: an exception or SIGKILL on one
+rank, Ctrl-C / SIGTERM, a stalled rank, NaN rewards, corrupted checkpoints, a full disk, bad directories."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_bounded
+from test_train import TRAIN, progress, reproducible_part, train
+
+import mpi_util
+from algos.checkpoint import load_latest_checkpoint
+from mpi_util import launch
+
+FAULTY = "tests.faulty_env:FaultyPendulum-v0"
+
+
+def train_with_fault(tmp_path: Path, kind: str, rank: int, at_step: int,
+                     extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """A 3-rank run of the faulty env; the time bound (well under the default 600 s stall timeout) shows that the
+    failure itself ended the job."""
+    env = {"FAULT_KIND": kind, "FAULT_RANK": str(rank), "FAULT_AT_STEP": str(at_step)}
+    return run_bounded([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536",
+                        "--total_steps", "100000", "--logdir", str(tmp_path), *extra], timeout=150, env=env)
+
+
+def assert_no_process_left(tmp_path: Path) -> None:
+    # Every rank's command line names the log directory; none may outlive the job.
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes left behind: {left}"
+
+
+def test_exception_on_one_rank_ends_job_naming_rank(tmp_path):
+    result = train_with_fault(tmp_path, "raise", rank=2, at_step=1200)  # rank 2, iteration 3
+    assert result.returncode != 0
+    assert "uncaught exception on rank 2" in result.stderr
+    assert "RuntimeError: injected fault at step 1200" in result.stderr
+    assert "Traceback" in result.stderr
+    assert_no_process_left(tmp_path)
+    rows = progress(next(tmp_path.iterdir()))
+    assert len(rows) == 2  # it died in the third iteration, nothing after
+
+
+def test_sigkill_of_one_rank_ends_job_and_keeps_last_checkpoint(tmp_path):
+    result = train_with_fault(tmp_path, "kill", rank=1, at_step=1200, extra=("--checkpoint_every", "1"))
+    assert result.returncode != 0
+    assert_no_process_left(tmp_path)
+    path, state, warnings = load_latest_checkpoint(next(tmp_path.iterdir()) / "checkpoints")
+    assert path.name == "ckpt_00000002.pkl" and not warnings
+    assert int(state["counters"][1]) == 2 * 1536
+
+
+def test_stalled_rank_aborts_job_naming_it(tmp_path):
+    result = train_with_fault(tmp_path, "hang", rank=1, at_step=700, extra=("--stall_timeout", "20"))
+    assert result.returncode != 0
+    assert "no progress for 20 s in rank0_accum_batches" in result.stderr
+    assert "rank 1 has not arrived (last entered rank0_bcast_wts" in result.stderr
+    assert_no_process_left(tmp_path)
+
+
+def test_nan_reward_names_rank_and_step(tmp_path):
+    result = train_with_fault(tmp_path, "nan", rank=1, at_step=300)
+    assert result.returncode != 0
+    assert "uncaught exception on rank 1" in result.stderr
+    assert "non-finite observation or reward at step 299 of this collect" in result.stderr
+    assert_no_process_left(tmp_path)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_at_safe_point_with_checkpoint_and_resume_is_exact(tmp_path, signum):
+    common = ["Pendulum-v1", "--nprocs", "2", "--batch_size", "1024", "--checkpoint_every", "1000"]
+    job = subprocess.Popen([sys.executable, TRAIN, *common, "--total_steps", "1000000", "--logdir",
+                            str(tmp_path / "stopped")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        deadline = time.monotonic() + 120
+        csv_files: list[Path] = []
+        # Wait (bounded) until two iterations are logged, then interrupt the launcher as a user would.
+        while time.monotonic() < deadline:
+            csv_files = list((tmp_path / "stopped").glob("*/progress.csv"))
+            if csv_files and len(csv_files[0].read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.2)
+        job.send_signal(signum)
+        stdout, stderr = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 0, stderr[-3000:]
+    assert f"stopped by signal {int(signum)}" in stdout
+    run_dir = csv_files[0].parent
+    stopped_at = len(progress(run_dir))
+    path, state, _ = load_latest_checkpoint(run_dir / "checkpoints")
+    assert int(state["counters"][0]) == stopped_at  # the checkpoint is of the last finished iteration
+    assert_no_process_left(tmp_path)
+
+    total = str((stopped_at + 2) * 1024)
+    resumed, _ = train("--resume", str(run_dir), "--nprocs", "2", "--total_steps", total)
+    whole, _ = train(*common, "--total_steps", total, "--logdir", str(tmp_path / "whole"))
+    assert reproducible_part(progress(resumed)) == reproducible_part(progress(whole))
+
+
+def test_corrupted_checkpoint_is_reported_and_previous_used(tmp_path):
+    run_dir, _ = train("CartPole-v1", "--nprocs", "2", "--total_steps", "8192", "--checkpoint_every", "2",
+                       "--logdir", str(tmp_path))
+    newest = run_dir / "checkpoints" / "ckpt_00000004.pkl"
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated, as by a crash mid-copy
+    _, out = train("--resume", str(run_dir), "--nprocs", "2", "--total_steps", "10240")
+    assert "skipping" in out and "ckpt_00000004.pkl is truncated or corrupted (checksum mismatch)" in out
+    assert "from ckpt_00000002.pkl: iteration 2, step 4096" in out
+    assert [int(r["iteration"]) for r in progress(run_dir)] == [1, 2, 3, 4, 5]
+
+
+def test_full_disk_at_checkpoint_names_last_good_one(tmp_path):
+    run_dir, _ = train(FAULTY, "--nprocs", "2", "--total_steps", "4096", "--checkpoint_every", "2",
+                       "--logdir", str(tmp_path))
+    good = (run_dir / "checkpoints" / "ckpt_00000002.pkl").read_bytes()
+    assert len(good) > 60_000
+    # Writes past 60 kB now fail (EFBIG), as writes to a full disk fail (ENOSPC): logs fit, the checkpoint not.
+    result = run_bounded([sys.executable, TRAIN, "--resume", str(run_dir), "--nprocs", "2", "--total_steps", "8192"],
+                         timeout=150, env={"FAULT_KIND": "file_limit", "FAULT_FILE_BYTES": "60000"})
+    assert result.returncode != 0
+    assert ("train.py: error: cannot write the checkpoint of iteration 4" in result.stderr
+            and "the last good checkpoint, ckpt_00000002.pkl, is untouched" in result.stderr), result.stderr[-2000:]
+    assert (run_dir / "checkpoints" / "ckpt_00000002.pkl").read_bytes() == good
+    assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_unwritable_log_directory_fails_before_training(tmp_path):
+    blocker = tmp_path / "not_a_directory"
+    blocker.write_text("")
+    result = run_bounded([sys.executable, TRAIN, "CartPole-v1", "--logdir", str(blocker / "runs")], timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("train.py: error: ") and "Not a directory" in result.stderr
+
+
+def test_resume_of_another_algorithm_is_refused(tmp_path):
+    run_dir, _ = train("CartPole-v1", "--nprocs", "1", "--total_steps", "2048", "--logdir", str(tmp_path))
+    result = run_bounded([sys.executable, TRAIN, "--resume", str(run_dir), "--algo", "trpo"], timeout=60)
+    assert result.returncode == 2
+    assert f"--resume {run_dir} is a ppo run, not trpo" in result.stderr
+
+
+def test_missing_mpiexec_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(launch, "_loaded_mpi_library_path", lambda: "/nowhere/lib/libmpi.so.12")
+    monkeypatch.setattr(sys, "executable", "/nowhere/bin/python")
+    monkeypatch.setattr(sys, "prefix", "/nowhere")
+    monkeypatch.setenv("PATH", "/nowhere/bin")
+    with pytest.raises(mpi_util.MpiexecNotFoundError, match="no mpiexec found .*pip install mpich"):
+        mpi_util.find_mpiexec()
