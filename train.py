@@ -226,6 +226,23 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
     return config, run_dir, bool(args.resume)
 
 
+def lock_run_dir(run_dir: Path) -> object | None:
+    """An exclusive lock on RUN_DIR/.lock (the open file holding it), or None when another job holds it.
+
+    Two jobs writing one run directory (a --resume started while the old job still finishes) would interleave
+    checkpoints and logs.
+    """
+    import fcntl
+
+    handle = open(run_dir / ".lock", "a")  # noqa: SIM115  (kept open: closing it releases the lock)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
 def unused_run_dir(path: Path) -> Path:
     """``path``, or path-2, path-3, ... when runs started within the same second."""
     candidate, n = path, 1
@@ -279,6 +296,10 @@ def main() -> int:
             probe = run_dir / ".write_test"
             probe.write_text("ok")
             probe.unlink()
+            lock = lock_run_dir(run_dir)
+            if lock is None:
+                raise ValueError(f"{run_dir} is in use by another training job; wait for it to end")
+            lock.close()  # rank 0 takes it again for the whole run
     except (ValueError, OSError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
@@ -381,6 +402,9 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     if rank == 0:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
+            run_lock = lock_run_dir(run_dir)  # held until this process exits
+            if run_lock is None:
+                mpi_util.abort(f"train.py: error: {run_dir} is in use by another training job; wait for it to end")
             (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
             logger = RunLogger(run_dir, config.total_steps, progress_bar=os.environ.get(_TTY_VARIABLE) == "1",
                                resume=resuming)
@@ -463,6 +487,11 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
         if counters[0] % config.checkpoint_every == 0 or counters[3]:
             checkpoint()
 
+    # Training is over and checkpointed: a late Ctrl-C / SIGTERM must not kill a rank while MPI shuts down
+    # (Python restores the default handlers at exit, before MPI_Finalize), which would turn a clean end into a
+    # failed job.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if rank == 0:
         logger.close()
         from algos.plot import plot_runs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -32,15 +33,17 @@ def play(run_dir: Path, episodes: int, video_path: str | None) -> int:
         print(f"train.py: warning: {warning}", file=sys.stderr)
 
     render_mode = "rgb_array" if video_path else None
+    if video_path and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
+        os.environ["MUJOCO_GL"] = "egl"  # headless: no X display for MuJoCo's default GLFW backend
     try:
         env = gymnasium.make(config["env_id"], render_mode=render_mode)
         env.reset(seed=config["seed"] + 10_000)
         if video_path:
             env.render()
     except Exception as error:  # MuJoCo's renderer raises several types when no GL backend is available
-        print(f"train.py: error: cannot render {config['env_id']} offscreen ({type(error).__name__}: {error}); "
-              "set MUJOCO_GL=egl (GPU) or MUJOCO_GL=osmesa (needs the libosmesa6 package) and try again",
-              file=sys.stderr)
+        print(f"train.py: error: cannot render {config['env_id']} offscreen with MUJOCO_GL="
+              f"{os.environ.get('MUJOCO_GL', 'glfw')} ({type(error).__name__}: {error}); use MUJOCO_GL=egl on a "
+              "machine with a GPU, or MUJOCO_GL=osmesa (software, needs the libosmesa6 package)", file=sys.stderr)
         return 2
     ac = ActorCritic(env.observation_space.shape[0], env.action_space, hidden=tuple(config["hidden"]))
     for var, value in zip(ac.broadcast_state(), state["ac_state"], strict=True):

@@ -153,3 +153,37 @@ def test_missing_mpiexec_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("PATH", "/nowhere/bin")
     with pytest.raises(mpi_util.MpiexecNotFoundError, match="no mpiexec found .*pip install mpich"):
         mpi_util.find_mpiexec()
+
+
+def test_signal_after_training_ended_still_exits_cleanly(tmp_path):
+    # A Ctrl-C just after the last iteration (during shutdown) used to kill ranks inside MPI_Finalize.
+    job = subprocess.Popen([sys.executable, TRAIN, "Pendulum-v1", "--nprocs", "3", "--batch_size", "1536",
+                            "--total_steps", "3072", "--logdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        for line in job.stdout:
+            if line.startswith("done:"):
+                job.send_signal(signal.SIGINT)
+                break
+        job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 0
+    assert_no_process_left(tmp_path)
+
+
+def test_run_directory_in_use_is_refused(tmp_path):
+    run_dir, _ = train("CartPole-v1", "--nprocs", "1", "--total_steps", "2048", "--logdir", str(tmp_path))
+    job = subprocess.Popen([sys.executable, TRAIN, "--resume", str(run_dir), "--nprocs", "2", "--total_steps",
+                            "1000000"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        for line in job.stdout:  # rank 0 holds the lock once it prints its first iteration
+            if line.strip().startswith("2 "):
+                break
+        result = run_bounded([sys.executable, TRAIN, "--resume", str(run_dir)], timeout=60)
+    finally:
+        job.send_signal(signal.SIGTERM)
+        job.communicate(timeout=60)
+    assert result.returncode == 2
+    assert f"train.py: error: {run_dir} is in use by another training job" in result.stderr
