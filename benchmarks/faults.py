@@ -540,7 +540,10 @@ def run_trial(index: int, kind: str, rng: random.Random, work: Path, iterations:
             signum = int(signal.SIGINT if launch.fault == "sigint" else signal.SIGTERM)
             newest = checkpoint_names(run_dir)[-1] if checkpoint_names(run_dir) else "none"
             logged = logged_iterations(run_dir)
-            if f"stopped by signal {signum}" not in out:
+            # A signal that lands after the last iteration is ignored by design (training is over): then the run
+            # ends at its budget with "done:" and no "stopped by signal".
+            finished_anyway = f"done: {total_steps} steps" in out
+            if f"stopped by signal {signum}" not in out and not finished_anyway:
                 result.problems.append(f"{launch.label}: no 'stopped by signal {signum}' in its output")
             if newest != f"ckpt_{logged:08d}.pkl":
                 result.problems.append(f"{launch.label}: stopped with iteration {logged} logged but the newest "
