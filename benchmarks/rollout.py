@@ -1,0 +1,369 @@
+"""The rollout of one rank against the bare env.step loop: how much of the simulator's speed a rank keeps.
+
+What it measures, in one process, on the same env id and seed, for ``--steps`` steps per variant:
+
+- ``bare``: ``env.step(a)`` with uniform random actions drawn beforehand (numpy, outside the timed loop), and
+  ``env.reset()`` when an episode ends: the ceiling, the simulator and gymnasium's wrappers alone;
+- ``bare_sample``: the same loop drawing each action with ``env.action_space.sample()``, the usual
+  "random agent" loop (gymnasium's sampler costs more per call than our policy's forward pass);
+- ``rollout``: ``algos.RolloutWorker.collect(steps, actor, rng)``, what every rank of train.py runs each
+  iteration: a freshly initialized Walker2d 64-64 tanh policy acting through ``NumpyActor`` (observation
+  normalization, forward pass, Gaussian sample), action clipping, non-finite checks, episode bookkeeping, one
+  batched value pass and GAE at the end; with single-threaded BLAS, as mpi_fork starts every rank;
+- ``actor_only``: ``NumpyActor.act`` on one row per call, ``--steps`` times: the policy's share of ``rollout``.
+
+On a shared machine the load changes within seconds, so the variants are interleaved finely: a round runs
+``--chunk`` steps (default 1024, one rank's share of train.py's 2048-step batch at --nprocs 2) of each variant in
+turn, in an order rotated from chunk to chunk, until every variant has run ``--steps`` steps. Reported per variant:
+wall-clock steps/s over the round (median over rounds), steps per CPU-second of this process (``time.process_time``,
+which leaves out the time spent waiting for a core), and the rate of its fastest chunk (the least disturbed). The
+ratio rollout / bare is taken within each round, then the median over rounds; the ratio of the fastest chunks is a
+second estimate that the load disturbs less. Target: rollout >= 80% of bare.
+
+A second part measures what two cores give two processes doing the same work: two persistent worker processes
+(each with its own env and actor, seeds ``seed`` and ``seed + 1``, as two ranks have) are told to run ``--par_steps``
+steps of the bare loop or of the rollout, either one of them alone or both at the same moment (a start signal
+after both are ready); the aggregate rate is the steps of all of them over the slowest one's time, as a synchronous
+gather sees it. Two-process efficiency = aggregate rate of two / (2 x rate of one), paired within a round, median
+over ``--par_rounds`` rounds. The bare loop's efficiency is the ceiling the machine puts on train.py's
+sampling-phase parallel efficiency at 2 processes (benchmarks/scaling.py), whatever the software does.
+
+Run from the repository root (about 3 minutes on 2 cores)::
+
+    .venv/bin/python benchmarks/rollout.py
+    .venv/bin/python benchmarks/rollout.py --steps 20000 --rounds 15      # steadier
+
+Writes rollout.csv (every measurement), parallel.csv (the two-process part) and results.md (the tables, with
+command, machine, date and load averages) to benchmarks/results/rollout/ (``--out``) and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import select
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scaling import describe_machine, load_average, pretty_command, table, write_csv
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "rollout"
+VARIANTS = ("bare", "bare_sample", "rollout", "actor_only")
+TARGET_RATIO = 0.80
+# What mpi_fork gives every rank. Without it OpenBLAS runs the end-of-rollout value pass on two threads, whose
+# worker then spins for a while and is charged to (and competes with) whatever is measured next.
+SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def bare_loop(env_id: str, seed: int, steps: int, sample: bool) -> Callable[[], int]:
+    """A prepared bare loop: each call runs the next ``steps`` env.step calls (episodes go on across calls) and
+    returns the number of episodes that ended."""
+    import gymnasium
+
+    env = gymnasium.make(env_id)
+    env.reset(seed=seed)
+    env.action_space.seed(seed)
+    space = env.action_space
+    actions = np.random.default_rng(seed).uniform(space.low, space.high, size=(steps, *space.shape)).astype(
+        space.dtype)
+
+    def run() -> int:
+        ended = 0
+        for t in range(steps):
+            _, _, terminated, truncated, _ = env.step(space.sample() if sample else actions[t])
+            if terminated or truncated:
+                env.reset()
+                ended += 1
+        return ended
+
+    return run
+
+
+def rollout_loop(env_id: str, seed: int, steps: int) -> tuple[Callable[[], int], Callable[[], int]]:
+    """(rollout, actor_only), prepared: each call runs the next ``steps`` steps and returns the episodes ended (0
+    for actor_only). The actor is a fresh ActorCritic's numpy snapshot, as train.py's first iteration uses."""
+    import gymnasium
+    import keras
+
+    if str(REPO) not in sys.path:  # algos comes from this checkout, as for train.py run from the repository root
+        sys.path.insert(0, str(REPO))
+    from algos import ActorCritic, RolloutWorker
+
+    env = gymnasium.make(env_id)
+    keras.utils.set_random_seed(seed)
+    ac = ActorCritic(env.observation_space.shape[0], env.action_space)
+    actor = ac.numpy_actor()
+    worker = RolloutWorker(env, seed=seed, gamma=0.99, lam=0.95)
+    rng = np.random.default_rng(seed)
+    obs_rows = np.random.default_rng(seed).normal(size=(steps, 1, env.observation_space.shape[0])).astype(np.float32)
+
+    def rollout() -> int:
+        _, episodes = worker.collect(steps, actor, rng)
+        return len(episodes["ep_length"])
+
+    def actor_only() -> int:
+        for t in range(steps):
+            actor.act(obs_rows[t], rng)
+        return 0
+
+    return rollout, actor_only
+
+
+def measure(run: Callable[[], int]) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds of this process, episodes ended) of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    ended = run()
+    return time.perf_counter() - wall, time.process_time() - cpu, ended
+
+
+def summarize(records: list[dict[str, Any]]) -> tuple[list[list[str]], dict[str, float]]:
+    """Table rows (median over rounds per variant) and the paired ratios rollout / bare."""
+    rows = []
+    best = {}
+    for variant in VARIANTS:
+        mine = [r for r in records if r["variant"] == variant]
+        sps = [r["steps_per_s"] for r in mine]
+        best[variant] = max(r["best_chunk_steps_per_s"] for r in mine)
+        rows.append([variant, f"{statistics.median(sps):,.0f}", f"{min(sps):,.0f}-{max(sps):,.0f}",
+                     f"{statistics.median(r['steps_per_cpu_s'] for r in mine):,.0f}", f"{best[variant]:,.0f}",
+                     f"{statistics.median(r['us_per_step'] for r in mine):.1f}",
+                     f"{statistics.median(r['episodes'] for r in mine):.0f}"])
+    ratios: dict[str, list[float]] = {"wall": [], "cpu": [], "wall_vs_sample": [], "actor_share": []}
+    for k in sorted({r["round"] for r in records}):
+        by = {r["variant"]: r for r in records if r["round"] == k}
+        ratios["wall"].append(by["rollout"]["steps_per_s"] / by["bare"]["steps_per_s"])
+        ratios["cpu"].append(by["rollout"]["steps_per_cpu_s"] / by["bare"]["steps_per_cpu_s"])
+        ratios["wall_vs_sample"].append(by["rollout"]["steps_per_s"] / by["bare_sample"]["steps_per_s"])
+        ratios["actor_share"].append(by["actor_only"]["cpu_s"] / by["rollout"]["cpu_s"])
+    summary = {}
+    for key, values in ratios.items():
+        summary[key] = statistics.median(values)
+        summary[key + "_min"] = min(values)
+        summary[key + "_max"] = max(values)
+    summary["best"] = best["rollout"] / best["bare"]
+    summary["best_vs_sample"] = best["rollout"] / best["bare_sample"]
+    return rows, summary
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Two processes at once.
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def parallel_worker(args: argparse.Namespace) -> int:
+    """Worker mode: prepare a bare loop and a rollout of --par_steps steps, say "ready", then for each line
+    "bare" or "rollout" on stdin run it and print {"wall_s": ...}; stop at "quit" or end of input."""
+    seed = args.seed + args.par_worker_index
+    rollout, _ = rollout_loop(args.env, seed, args.par_steps)
+    loops = {"bare": bare_loop(args.env, seed, args.par_steps, sample=False), "rollout": rollout}
+    for loop in loops.values():
+        loop()  # warm: first calls allocate and fault pages in
+    print("ready", flush=True)
+    for line in sys.stdin:
+        variant = line.strip()
+        if variant not in loops:
+            break
+        wall, _, _ = measure(loops[variant])
+        print(json.dumps({"wall_s": wall}), flush=True)
+    return 0
+
+
+class Workers:
+    """Two parallel_worker processes driven through pipes; every read is bounded by ``timeout_s``."""
+
+    def __init__(self, args: argparse.Namespace, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.procs = [
+            subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--par_worker_index", str(i),
+                              "--env", args.env, "--seed", str(args.seed), "--par_steps", str(args.par_steps)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+            for i in range(2)
+        ]
+        for proc in self.procs:
+            if self._read(proc) != "ready":
+                raise RuntimeError("a two-process worker did not start")
+
+    def _read(self, proc: subprocess.Popen) -> str:
+        ready, _, _ = select.select([proc.stdout], [], [], self.timeout_s)
+        if not ready:
+            self.close()
+            raise RuntimeError(f"a two-process worker gave no answer in {self.timeout_s:.0f} s")
+        return proc.stdout.readline().strip()
+
+    def run(self, variant: str, n: int) -> list[float]:
+        """Start ``variant`` in the first n workers at once; their wall times."""
+        for proc in self.procs[:n]:
+            proc.stdin.write(variant + "\n")
+            proc.stdin.flush()
+        return [json.loads(self._read(proc))["wall_s"] for proc in self.procs[:n]]
+
+    def close(self) -> None:
+        for proc in self.procs:
+            try:
+                proc.stdin.write("quit\n")
+                proc.stdin.close()
+                proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+
+
+def measure_parallel(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Rounds of (one alone, both at once) for the bare loop and the rollout; rows and median efficiencies."""
+    rows: list[dict[str, Any]] = []
+    workers = Workers(args, timeout_s=300.0)
+    try:
+        for k in range(args.par_rounds):
+            for variant in ("bare", "rollout"):
+                rates = {}
+                for n in ((1, 2) if k % 2 == 0 else (2, 1)):
+                    load = load_average()
+                    walls = workers.run(variant, n)
+                    rates[n] = n * args.par_steps / max(walls)
+                    rows.append({"round": k + 1, "variant": variant, "processes": n, "steps_each": args.par_steps,
+                                 "slowest_wall_s": max(walls), "aggregate_steps_per_s": rates[n],
+                                 "load_avg_1min": load})
+                rows[-1]["efficiency"] = rows[-2]["efficiency"] = rates[2] / (2 * rates[1])
+            by = {(r["variant"], r["processes"]): r for r in rows if r["round"] == k + 1}
+            print(f"two processes, round {k + 1}/{args.par_rounds}: " + ", ".join(
+                f"{v} {by[(v, 1)]['aggregate_steps_per_s']:,.0f} -> {by[(v, 2)]['aggregate_steps_per_s']:,.0f} "
+                f"({by[(v, 2)]['efficiency']:.0%})" for v in ("bare", "rollout")), flush=True)
+    finally:
+        workers.close()
+    summary = {}
+    for variant in ("bare", "rollout"):
+        eff = [r["efficiency"] for r in rows if r["variant"] == variant and r["processes"] == 2]
+        summary[variant] = statistics.median(eff)
+        summary[variant + "_min"], summary[variant + "_max"] = min(eff), max(eff)
+        for n in (1, 2):
+            summary[f"{variant}_{n}"] = statistics.median(
+                r["aggregate_steps_per_s"] for r in rows if r["variant"] == variant and r["processes"] == n)
+    return rows, summary
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="Walker2d-v5", help="gymnasium env id (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=8192, help="steps per variant per round (default: %(default)s)")
+    parser.add_argument("--chunk", type=int, default=1024,
+                        help="steps of one variant before the next one runs (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=9, help="rounds (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the env, the actions and the actor")
+    parser.add_argument("--par_steps", type=int, default=2048,
+                        help="two-process part: steps per process per measurement (default: %(default)s)")
+    parser.add_argument("--par_rounds", type=int, default=8,
+                        help="two-process part: rounds, 0 to skip it (default: %(default)s)")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="output directory (default: %(default)s)")
+    parser.add_argument("--par_worker_index", type=int, default=None, help=argparse.SUPPRESS)  # internal
+    return parser.parse_args(argv)
+
+
+def main() -> int:
+    args = parse_args()
+    if any(os.environ.get(name) != value for name, value in SINGLE_THREADED.items()):
+        # numpy reads these when it loads OpenBLAS: start again with them set, as a rank of train.py is.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **SINGLE_THREADED})
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.par_worker_index is not None:
+        return parallel_worker(args)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    command = pretty_command()
+    started = time.perf_counter()
+    records: list[dict[str, Any]] = []
+    chunks = max(1, args.steps // args.chunk)
+    steps = chunks * args.chunk
+    for k in range(args.rounds):
+        rollout, actor_only = rollout_loop(args.env, args.seed, args.chunk)
+        loops = {"bare": bare_loop(args.env, args.seed, args.chunk, sample=False),
+                 "bare_sample": bare_loop(args.env, args.seed, args.chunk, sample=True),
+                 "rollout": rollout, "actor_only": actor_only}
+        totals = {v: {"wall_s": 0.0, "cpu_s": 0.0, "episodes": 0, "best_s": math.inf} for v in VARIANTS}
+        loads = [load_average()]
+        for c in range(chunks):
+            shift = (k + c) % len(VARIANTS)
+            for variant in VARIANTS[shift:] + VARIANTS[:shift]:
+                wall, cpu, episodes = measure(loops[variant])
+                total = totals[variant]
+                total["wall_s"] += wall
+                total["cpu_s"] += cpu
+                total["episodes"] += episodes
+                total["best_s"] = min(total["best_s"], wall)
+            loads.append(load_average())
+        load = statistics.median(loads)
+        for variant, total in totals.items():
+            records.append({"round": k + 1, "variant": variant, "steps": steps, "chunk": args.chunk,
+                            "wall_s": total["wall_s"], "cpu_s": total["cpu_s"],
+                            "steps_per_s": steps / total["wall_s"],
+                            "steps_per_cpu_s": steps / total["cpu_s"] if total["cpu_s"] else math.nan,
+                            "best_chunk_steps_per_s": args.chunk / total["best_s"],
+                            "us_per_step": total["wall_s"] / steps * 1e6, "episodes": total["episodes"],
+                            "load_avg_1min": load})
+        by = {r["variant"]: r for r in records if r["round"] == k + 1}
+        print(f"round {k + 1}/{args.rounds}: " + ", ".join(f"{v} {by[v]['steps_per_s']:,.0f}" for v in VARIANTS)
+              + f" steps/s; rollout/bare {by['rollout']['steps_per_s'] / by['bare']['steps_per_s']:.2f} "
+              f"(load {load:.2f})", flush=True)
+    par_rows, par = measure_parallel(args) if args.par_rounds > 0 else ([], {})
+    wall_s = time.perf_counter() - started
+
+    rows, s = summarize(records)
+    write_csv(out / "rollout.csv", records)
+    if par_rows:
+        write_csv(out / "parallel.csv", par_rows)
+    machine = describe_machine()
+    loads = [r["load_avg_1min"] for r in records]
+    met = "met" if s["wall"] >= TARGET_RATIO else "missed"
+    markdown = "\n".join([
+        f"- command: `{command}` (from the repository root)",
+        f"- what: {args.env}, seed {args.seed}; {args.rounds} rounds of {steps} steps per variant, interleaved in "
+        f"chunks of {args.chunk} steps (order rotated each chunk); one process",
+        f"- machine: nproc {machine['nproc']}, {machine['cpu_model']}, {machine['memory']} memory, {machine['os']}, "
+        f"Python {machine['python']}",
+        f"- date: {machine['date_utc']} (`date -u` at the end); total wall time {wall_s:.0f} s",
+        f"- 1-minute load average during the measurements: median {statistics.median(loads):.2f}, "
+        f"{min(loads):.2f}-{max(loads):.2f} (the machine is shared; other jobs ran meanwhile)",
+        "",
+        "Median over rounds:",
+        "",
+        table(["variant", "steps/s", "range over rounds", "steps per CPU-s", "fastest chunk steps/s", "us per step",
+               "episodes ended per round"], rows),
+        "",
+        f"- rollout / bare (wall-clock steps/s, paired by round): **{s['wall']:.2f}** "
+        f"(rounds {s['wall_min']:.2f}-{s['wall_max']:.2f}); target {TARGET_RATIO:.2f}: {met}",
+        f"- rollout / bare per CPU-second: {s['cpu']:.2f} (rounds {s['cpu_min']:.2f}-{s['cpu_max']:.2f}); "
+        f"fastest chunk / fastest chunk: {s['best']:.2f}",
+        f"- rollout / bare_sample (action_space.sample()): {s['wall_vs_sample']:.2f} "
+        f"(rounds {s['wall_vs_sample_min']:.2f}-{s['wall_vs_sample_max']:.2f}); fastest chunks "
+        f"{s['best_vs_sample']:.2f}",
+        f"- actor_only / rollout, CPU time: {s['actor_share']:.1%} (the policy's share of a rank's rollout)",
+    ]) + "\n"
+    if par:
+        par_table = [[v, f"{par[v + '_1']:,.0f}", f"{par[v + '_2']:,.0f}", f"**{par[v]:.0%}**",
+                      f"{par[v + '_min']:.0%}-{par[v + '_max']:.0%}"] for v in ("bare", "rollout")]
+        markdown += "\n".join([
+            "",
+            f"Two processes at once ({args.par_rounds} rounds of {args.par_steps} steps per process; aggregate = all "
+            "steps / the slowest process's time; efficiency = two / (2 x one), paired by round, median):",
+            "",
+            table(["loop", "one process steps/s", "two processes steps/s", "efficiency", "range over rounds"],
+                  par_table),
+            "",
+        ])
+    (out / "results.md").write_text(markdown)
+    print()
+    print(markdown)
+    print(f"wrote rollout.csv, {'parallel.csv, ' if par_rows else ''}results.md to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
