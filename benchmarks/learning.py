@@ -1,0 +1,300 @@
+"""Learning results at 1M steps: train.py on each env and algorithm with several seeds, one run after another.
+
+    .venv/bin/python benchmarks/learning.py              # PPO and TRPO, Walker2d-v5 and Hopper-v5, 5 seeds
+    .venv/bin/python benchmarks/learning.py --algos ppo --envs Hopper-v5 --seeds 0 1 --nprocs 1
+    .venv/bin/python benchmarks/learning.py --report     # tables and plots from what is there
+
+Resumable: a run whose summary.json is under --out is skipped; a run that was cut off (the benchmark killed, the
+session over) is continued from its newest checkpoint in --workdir with ``train.py --resume``. Runs go in the order
+algorithm, seed, env, so that a partial sweep already covers every env.
+
+For each run it keeps, under ``--out/<env>_<algo>_n<nprocs>/s<seed>/``: progress.csv, config.json, command.txt
+(every command it ran, with the date and the commit) and summary.json, and then writes ``--out/results.md`` and
+``results.csv`` (mean ± std over seeds of two final returns: the mean of the last >= 10 training episodes, and a
+deterministic evaluation of the final policy over 10 episodes), and ``curves_<env>.png`` (mean and std over seeds
+of the training return against steps, one curve per algorithm and nprocs). Checkpoints and TensorBoard logs stay in
+--workdir (not committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scaling import describe_machine, load_average, pretty_command, read_progress, table, write_csv
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "learning"
+DEFAULT_WORKDIR = REPO / "runs" / "learning"
+FINAL_EPISODES = 10
+
+# Published final returns at 1M steps (means over seeds), from issue 6; sources in the README.
+PUBLISHED = {
+    "Walker2d": {"PPO paper (Schulman 2017, v1, read off the figure)": "~3460",
+                 "OpenAI baselines ppo2 / trpo_mpi (6 seeds)": "3425 / 2343",
+                 "CleanRL ppo_continuous_action (v4, 3 seeds)": "2288 ± 572",
+                 "Spinning Up PPO (v3, read off the plot)": "~1230"},
+    "Hopper": {"PPO paper (Schulman 2017, v1, read off the figure)": "~2330",
+               "OpenAI baselines ppo2 / trpo_mpi (6 seeds)": "2316 / 1913",
+               "CleanRL ppo_continuous_action (v4, 3 seeds)": "2383 ± 272",
+               "Spinning Up PPO (v3, read off the plot)": "~1850"},
+}
+TARGETS = {("Walker2d", "ppo"): 3500, ("Hopper", "ppo"): 2500, ("Walker2d", "trpo"): 3000, ("Hopper", "trpo"): 2300}
+
+
+def env_name(env_id: str) -> str:
+    """'Walker2d-v5' -> 'Walker2d'."""
+    return env_id.split("-v")[0]
+
+
+def final_train_return(rows: list[dict[str, float]], min_episodes: int = FINAL_EPISODES) -> tuple[float, int]:
+    """(mean return, episodes) over the episodes that ended in the last iterations, going back until at least
+    ``min_episodes`` episodes are covered (progress.csv keeps per-iteration means, so whole iterations count)."""
+    total, episodes = 0.0, 0
+    for row in reversed(rows):
+        if row["episodes"] > 0:
+            total += row["ep_return_mean"] * row["episodes"]
+            episodes += int(row["episodes"])
+        if episodes >= min_episodes:
+            break
+    return (total / episodes if episodes else math.nan), episodes
+
+
+def git_commit() -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "train.py", "algos", "mpi_util"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("+uncommitted changes" if dirty else "")
+
+
+def run_logged(command: list[str], log_path: Path, timeout_s: float) -> tuple[int, float]:
+    """Run ``command`` from the repository root in its own process group, appending its output to log_path;
+    kill the group after timeout_s. Returns (exit status, wall seconds); a timeout raises RuntimeError."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    started = time.perf_counter()
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {shlex.join(command)}\n")
+        log.flush()
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise RuntimeError(f"no result after {timeout_s:.0f} s: {shlex.join(command)}; log: {log_path}") from None
+    return returncode, time.perf_counter() - started
+
+
+def one_run(env: str, algo: str, nprocs: int, seed: int, args: argparse.Namespace) -> dict[str, Any] | None:
+    """Train (or finish) one seed, evaluate it, keep its files under --out; its summary, or None if skipped."""
+    group = f"{env}_{algo}_n{nprocs}"
+    result_dir = args.out / group / f"s{seed}"
+    if (result_dir / "summary.json").is_file():
+        return None
+    logdir = args.workdir / group / f"s{seed}"
+    logdir.mkdir(parents=True, exist_ok=True)
+    log_path = logdir / "console.log"
+    run_dirs = sorted(p.parent for p in logdir.glob("*/config.json"))
+    resumable = [d for d in run_dirs if any((d / "checkpoints").glob("ckpt_*.pkl"))]
+    train = [sys.executable, "train.py"]
+    if resumable:
+        command = [*train, "--resume", str(resumable[-1]), "--nprocs", str(nprocs),
+                   "--total_steps", str(args.total_steps)]
+    else:
+        command = [*train, env, "--algo", algo, "--nprocs", str(nprocs), "--seed", str(seed),
+                   "--total_steps", str(args.total_steps), "--logdir", str(logdir)]
+    print(f"[{time.strftime('%H:%M:%S')}] {group} seed {seed}: {shlex.join(command[1:])}", flush=True)
+    load_before = load_average()
+    returncode, train_wall_s = run_logged(command, log_path, args.timeout)
+    if returncode != 0:
+        tail = log_path.read_text().splitlines()[-15:]
+        raise RuntimeError(f"exit status {returncode}: {shlex.join(command)}\n" + "\n".join(tail))
+    run_dir = resumable[-1] if resumable else sorted(p.parent for p in logdir.glob("*/config.json"))[-1]
+    rows = read_progress(run_dir / "progress.csv")
+    if rows[-1]["total_steps"] < args.total_steps:
+        raise RuntimeError(f"{run_dir} stopped at {rows[-1]['total_steps']:.0f} steps of {args.total_steps}")
+
+    play = [*train, "--play", str(run_dir), "--episodes", str(args.eval_episodes)]
+    eval_log = logdir / "eval.log"
+    eval_log.unlink(missing_ok=True)
+    returncode, _ = run_logged(play, eval_log, 600)
+    eval_text = eval_log.read_text()
+    eval_returns = [float(x) for x in re.findall(r"^episode \d+: return (-?[\d.]+)", eval_text, re.MULTILINE)]
+    if returncode != 0 or len(eval_returns) != args.eval_episodes:
+        raise RuntimeError(f"evaluation failed (exit {returncode}): {shlex.join(play)}\n{eval_text[-2000:]}")
+
+    train_return, train_episodes = final_train_return(rows)
+    summary = {
+        "env": env, "algo": algo, "nprocs": nprocs, "seed": seed,
+        "total_steps": int(rows[-1]["total_steps"]),
+        "iterations": len(rows),
+        "final_train_return": train_return,
+        "final_train_episodes": train_episodes,
+        "eval_return_mean": statistics.fmean(eval_returns),
+        "eval_returns": eval_returns,
+        "train_wall_s": rows[-1]["wall_s"],  # train.py's own clock: first iteration to the last
+        "process_wall_s": train_wall_s,  # this launch, start-up included (only the last launch when resumed)
+        "resumed": bool(resumable),
+        "load_before": load_before,
+        "commit": git_commit(),
+        "date_utc": describe_machine()["date_utc"],
+    }
+    result_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("progress.csv", "config.json"):
+        (result_dir / name).write_bytes((run_dir / name).read_bytes())
+    with open(result_dir / "command.txt", "a") as f:
+        f.write(f"{shlex.join(command)}   # {summary['date_utc']}, commit {summary['commit']}\n")
+        f.write(f"{shlex.join(play)}\n")
+    (result_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"    {rows[-1]['total_steps']:.0f} steps, train.py wall {summary['train_wall_s']:.0f} s, final training "
+          f"return {train_return:.0f} ({train_episodes} episodes), "
+          f"deterministic eval {summary['eval_return_mean']:.0f}", flush=True)
+    return summary
+
+
+def mean_std(values: list[float]) -> str:
+    if not values:
+        return ""
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):,.0f} ± {std:,.0f}"
+
+
+def plot_curves(summaries: list[dict[str, Any]], out: Path) -> list[Path]:
+    """One PNG per env: mean ± std over seeds of the training return, per (algo, nprocs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for env in sorted({s["env"] for s in summaries}):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        groups = sorted({(s["algo"], s["nprocs"]) for s in summaries if s["env"] == env})
+        for algo, nprocs in groups:
+            seeds = sorted(s["seed"] for s in summaries if (s["env"], s["algo"], s["nprocs"]) == (env, algo, nprocs))
+            curves = []
+            for seed in seeds:
+                rows = read_progress(out / f"{env}_{algo}_n{nprocs}" / f"s{seed}" / "progress.csv")
+                steps = np.array([r["total_steps"] for r in rows if not math.isnan(r["ep_return_mean"])])
+                returns = np.array([r["ep_return_mean"] for r in rows if not math.isnan(r["ep_return_mean"])])
+                curves.append((steps, returns))
+            grid = np.linspace(0, min(s[-1] for s, _ in curves), 200)
+            values = np.array([np.interp(grid, s, r) for s, r in curves])
+            mean, std = values.mean(axis=0), values.std(axis=0)
+            ax.plot(grid, mean, label=f"{algo.upper()}, {nprocs} proc{'s' if nprocs > 1 else ''} ({len(seeds)} seeds)")
+            ax.fill_between(grid, mean - std, mean + std, alpha=0.2)
+        ax.set_title(f"{env}: mean training return over seeds (shaded: ± 1 std)")
+        ax.set_xlabel("environment steps")
+        ax.set_ylabel("mean episode return")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = out / f"curves_{env_name(env)}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def report(out: Path) -> None:
+    """results.md, results.csv and the curve plots from every summary.json under ``out``."""
+    summaries = [json.loads(p.read_text()) for p in sorted(out.glob("*/s*/summary.json"))]
+    if not summaries:
+        print(f"no finished runs under {out}")
+        return
+    write_csv(out / "runs.csv", [{k: v for k, v in s.items() if k != "eval_returns"} for s in summaries])
+    groups = sorted({(s["env"], s["algo"], s["nprocs"]) for s in summaries})
+    rows, csv_rows = [], []
+    for env, algo, nprocs in groups:
+        runs = [s for s in summaries if (s["env"], s["algo"], s["nprocs"]) == (env, algo, nprocs)]
+        train_returns = [s["final_train_return"] for s in runs]
+        eval_returns = [s["eval_return_mean"] for s in runs]
+        target = TARGETS.get((env_name(env), algo))
+        met = "" if target is None else ("yes" if statistics.fmean(train_returns) >= target else "**no**")
+        wall = [s["train_wall_s"] for s in runs]
+        rows.append([env, algo.upper(), nprocs, len(runs), " ".join(str(s["seed"]) for s in runs),
+                     f"{statistics.fmean(s['total_steps'] for s in runs):,.0f}", mean_std(train_returns),
+                     mean_std(eval_returns), "" if target is None else f"{target:,}", met,
+                     f"{statistics.fmean(wall) / 60:.1f} ({min(wall) / 60:.1f}-{max(wall) / 60:.1f})"])
+        csv_rows.append({"env": env, "algo": algo, "nprocs": nprocs, "seeds": len(runs),
+                         "final_train_return_mean": statistics.fmean(train_returns),
+                         "final_train_return_std": statistics.stdev(train_returns) if len(runs) > 1 else 0.0,
+                         "eval_return_mean": statistics.fmean(eval_returns),
+                         "eval_return_std": statistics.stdev(eval_returns) if len(runs) > 1 else 0.0,
+                         "target": target, "train_wall_min_mean": statistics.fmean(wall) / 60})
+    write_csv(out / "results.csv", csv_rows)
+    plots = plot_curves(summaries, out)
+    machine = describe_machine()
+    commits = sorted({s["commit"] for s in summaries})
+    dates = sorted(s["date_utc"] for s in summaries)
+    lines = [
+        "- command: `.venv/bin/python benchmarks/learning.py` (from the repository root; each run's own command "
+        "lines are in its command.txt)",
+        f"- machine: nproc {machine['nproc']}, {machine['cpu_model']}, {machine['memory']} memory, {machine['os']}, "
+        f"Python {machine['python']}; shared with other jobs, so wall clock varies with the load",
+        f"- runs finished between {dates[0]} and {dates[-1]}; code at commit(s) {', '.join(commits)}",
+        f"- final training return: mean over the training episodes that ended in the last iterations, at least "
+        f"{FINAL_EPISODES} episodes; eval: the final policy, deterministic (mean action), "
+        f"{len(summaries[0]['eval_returns'])} episodes; both as mean ± std over seeds. "
+        "Target judged on the final training return.",
+        "",
+        table(["env", "algo", "nprocs", "seeds", "which", "steps", "final training return", "deterministic eval",
+               "target", "met", "train.py wall min, mean (range)"], rows),
+        "",
+        *[f"![{p.stem}]({p.name})" for p in plots],
+    ]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--envs", nargs="+", default=["Walker2d-v5", "Hopper-v5"], help="gymnasium ids")
+    parser.add_argument("--algos", nargs="+", default=["ppo", "trpo"], choices=["ppo", "trpo"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    parser.add_argument("--nprocs", nargs="+", type=int, default=[2], help="MPI processes per run (default: 2)")
+    parser.add_argument("--total_steps", type=int, default=1_000_000)
+    parser.add_argument("--eval_episodes", type=int, default=10, help="deterministic evaluation episodes per run")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds one training launch may take")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results (committed) (default: %(default)s)")
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR,
+                        help="run directories with checkpoints (not committed) (default: %(default)s)")
+    parser.add_argument("--report", action="store_true", help="only write the tables and plots")
+    return parser.parse_args(argv)
+
+
+def main() -> int:
+    args = parse_args()
+    args.out, args.workdir = args.out.resolve(), args.workdir.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        print(f"{pretty_command()}: results in {args.out}, run directories in {args.workdir}", flush=True)
+        for algo in args.algos:
+            for nprocs in args.nprocs:
+                for seed in args.seeds:
+                    for env in args.envs:
+                        if one_run(env, algo, nprocs, seed, args) is not None:
+                            report(args.out)
+    report(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
