@@ -258,9 +258,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="steps of one variant before the next one runs (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=9, help="rounds (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the env, the actions and the actor")
-    parser.add_argument("--par_steps", type=int, default=2048,
+    parser.add_argument("--par_steps", type=int, default=4096,
                         help="two-process part: steps per process per measurement (default: %(default)s)")
-    parser.add_argument("--par_rounds", type=int, default=8,
+    parser.add_argument("--par_rounds", type=int, default=10,
                         help="two-process part: rounds, 0 to skip it (default: %(default)s)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="output directory (default: %(default)s)")
     parser.add_argument("--par_worker_index", type=int, default=None, help=argparse.SUPPRESS)  # internal

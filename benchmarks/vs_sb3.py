@@ -28,9 +28,9 @@ benchmarks/README.md); about 4-6 minutes on 2 cores with the defaults::
     .venv/bin/python benchmarks/vs_sb3.py
     .venv/bin/python benchmarks/vs_sb3.py --nprocs 1 2 --total_steps 1000000 --timeout 3600    # the long run
 
-Writes runs.csv, results.md (tables with the command, the configurations, machine, date and load averages) and
-vs_sb3.png (mean return against steps) to benchmarks/results/vs_sb3/ (``--out``); prints the tables. Our run
-directories go to /tmp and are removed at the end.
+Writes runs.csv, curves.csv, results.md (tables with the command, the configurations, machine, date and load
+averages) and vs_sb3.png (mean return against steps) to benchmarks/results/vs_sb3/ (``--out``); prints the
+tables. Our run directories go to /tmp and are removed at the end.
 """
 
 from __future__ import annotations
@@ -306,12 +306,14 @@ def main() -> int:
                 if system == "ours":
                     run = run_train(args.env, nprocs, args.total_steps, workdir, args.timeout)
                     summary = summarize_ours(run, args.warmup, args.tail)
-                    curves.append((f"{summary['system']} (repeat {repeat + 1})", *curves_ours(run)))
+                    if repeat == 0:  # same seed, same nprocs: every repeat learns exactly the same
+                        curves.append((summary["system"], *curves_ours(run)))
                 else:
                     result = run_sb3(args, workdir)
                     versions = result["versions"]
                     summary = summarize_sb3(result, args.warmup, args.tail)
-                    curves.append((f"SB3 PPO (repeat {repeat + 1})", *curves_sb3(result)))
+                    if repeat == 0:
+                        curves.append(("stable-baselines3 PPO", *curves_sb3(result)))
                 results.append({"repeat": repeat + 1, **summary})
                 print(f"  {summary['steps_per_s']:,.0f} steps/s (whole loop {summary['steps_per_s_whole_loop']:,.0f}), "
                       f"rollout {summary['t_rollout']:.3f} s, update {summary['t_update']:.3f} s per iteration, "
@@ -322,6 +324,8 @@ def main() -> int:
     wall_s = time.perf_counter() - started
 
     write_csv(out / "runs.csv", results)
+    write_csv(out / "curves.csv", [{"system": label, "steps": x, "mean_return": y}
+                                   for label, xs, ys in curves for x, y in zip(xs, ys, strict=True)])
     rows, ratio_lines = [], []
     for repeat in range(1, args.repeats + 1):
         mine = [r for r in results if r["repeat"] == repeat]
@@ -357,10 +361,11 @@ def main() -> int:
         "", *ratio_lines,
     ]) + "\n"
     (out / "results.md").write_text(markdown)
-    plot_curves(curves, out / "vs_sb3.png", f"{args.env}, {args.total_steps} steps, seed {args.seed}")
+    plot_curves(curves, out / "vs_sb3.png", f"{args.env}, {args.total_steps} steps, seed {args.seed} (repeats with the "
+                "same seed learn identically: one curve per system)")
     print()
     print(markdown)
-    print(f"wrote runs.csv, results.md, vs_sb3.png to {out}")
+    print(f"wrote runs.csv, curves.csv, results.md, vs_sb3.png to {out}")
     return 0
 
 
