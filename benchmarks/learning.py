@@ -176,6 +176,29 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(values):,.0f} ± {std:,.0f}"
 
 
+def nprocs_comparison(groups: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines comparing the final training return of the same env and algorithm at different nprocs:
+    the difference of the means against its standard error sqrt(s1^2/n1 + s2^2/n2); within noise when the
+    difference is under two standard errors. Empty when no env and algorithm ran at two nprocs."""
+    rows = []
+    for a in groups:
+        for b in groups:
+            if (a["env"], a["algo"]) != (b["env"], b["algo"]) or a["nprocs"] >= b["nprocs"]:
+                continue
+            difference = b["final_train_return_mean"] - a["final_train_return_mean"]
+            stderr = math.sqrt(sum(g["final_train_return_std"] ** 2 / g["seeds"] for g in (a, b)))
+            within = abs(difference) < 2 * stderr
+            rows.append([a["env"], a["algo"].upper(), f"{a['nprocs']} vs {b['nprocs']}",
+                         f"{a['final_train_return_mean']:,.0f} vs {b['final_train_return_mean']:,.0f}",
+                         f"{difference:+,.0f}", f"{stderr:,.0f}", "yes" if within else "**no**"])
+    if not rows:
+        return []
+    return ["Does parallelism change what is learned? Final training return, mean over seeds (difference = the "
+            "larger nprocs minus the smaller; within noise = under two standard errors of the difference):", "",
+            table(["env", "algo", "nprocs", "final training return", "difference", "std error", "within noise"],
+                  rows), ""]
+
+
 def plot_curves(summaries: list[dict[str, Any]], out: Path) -> list[Path]:
     """One PNG per env: mean ± std over seeds of the training return, per (algo, nprocs)."""
     import matplotlib
@@ -241,6 +264,7 @@ def report(out: Path) -> None:
                          "target": target, "train_wall_min_mean": statistics.fmean(wall) / 60})
     write_csv(out / "results.csv", csv_rows)
     plots = plot_curves(summaries, out)
+    comparison = nprocs_comparison(csv_rows)
     machine = describe_machine()
     commits = sorted({s["commit"] for s in summaries})
     dates = sorted(s["date_utc"] for s in summaries)
@@ -258,6 +282,7 @@ def report(out: Path) -> None:
         table(["env", "algo", "nprocs", "seeds", "which", "steps", "final training return", "deterministic eval",
                "target", "met", "train.py wall min, mean (range)"], rows),
         "",
+        *comparison,
         *[f"![{p.stem}]({p.name})" for p in plots],
     ]
     (out / "results.md").write_text("\n".join(lines) + "\n")
