@@ -119,7 +119,7 @@ def one_run(env: str, algo: str, nprocs: int, seed: int, args: argparse.Namespac
                    "--total_steps", str(args.total_steps)]
     else:
         command = [*train, env, "--algo", algo, "--nprocs", str(nprocs), "--seed", str(seed),
-                   "--total_steps", str(args.total_steps), "--logdir", str(logdir)]
+                   "--total_steps", str(args.total_steps), "--logdir", str(logdir), *shlex.split(args.train_args)]
     print(f"[{time.strftime('%H:%M:%S')}] {group} seed {seed}: {shlex.join(command[1:])}", flush=True)
     load_before = load_average()
     returncode, train_wall_s = run_logged(command, log_path, args.timeout)
@@ -301,6 +301,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results (committed) (default: %(default)s)")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR,
                         help="run directories with checkpoints (not committed) (default: %(default)s)")
+    parser.add_argument("--train_args", default="",
+                        help="more train.py options for every new run, e.g. '--batch_size 1024'; give such a sweep "
+                             "its own --out and --workdir (default: none)")
     parser.add_argument("--report", action="store_true", help="only write the tables and plots")
     return parser.parse_args(argv)
 
