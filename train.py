@@ -128,8 +128,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--play", type=str, metavar="RUN_DIR", default=None,
                         help="run RUN_DIR's saved policy (deterministic) and print episode returns")
     parser.add_argument("--episodes", type=int, default=5, help="episodes for --play (default: %(default)s)")
-    parser.add_argument("--video", type=str, metavar="FILE.mp4", default=None,
-                        help="with --play, record the episodes to this file (needs MuJoCo offscreen rendering)")
+    parser.add_argument("--video", type=str, metavar="FILE", default=None,
+                        help="with --play, record the episodes: FILE.mp4 (needs imageio-ffmpeg) or FILE.gif, or "
+                             "FILE.png for a strip of 8 frames of the first episode (MuJoCo renders offscreen; "
+                             "MUJOCO_GL=egl is used when there is no display)")
     return parser.parse_args(argv)
 
 

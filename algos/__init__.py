@@ -1,23 +1,37 @@
-"""TRPO, PPO and what they share: GAE, observation/return normalizers, networks, policy and rollout."""
+"""TRPO, PPO and what they share: GAE, observation/return normalizers, networks, policy and rollout.
 
-from algos.gae import gae_advantages
-from algos.networks import build_mlp, numpy_mlp_forward
-from algos.normalizer import RunningMeanStd
-from algos.policy import ActorCritic, NumpyActor
-from algos.ppo import PPO, PPOConfig
-from algos.rollout import RolloutWorker
-from algos.trpo import TRPO, TRPOConfig
+The names below are imported on first use (PEP 562), so that ``import algos.checkpoint`` or ``algos.play`` does
+not pull in TensorFlow: ``--play`` and the rollout workers need numpy only.
+"""
 
-__all__ = [
-    "PPO",
-    "TRPO",
-    "ActorCritic",
-    "NumpyActor",
-    "PPOConfig",
-    "RolloutWorker",
-    "TRPOConfig",
-    "RunningMeanStd",
-    "build_mlp",
-    "gae_advantages",
-    "numpy_mlp_forward",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "PPO": "algos.ppo",
+    "PPOConfig": "algos.ppo",
+    "TRPO": "algos.trpo",
+    "TRPOConfig": "algos.trpo",
+    "ActorCritic": "algos.policy",
+    "NumpyActor": "algos.numpy_actor",
+    "RolloutWorker": "algos.rollout",
+    "RunningMeanStd": "algos.normalizer",
+    "build_mlp": "algos.networks",
+    "gae_advantages": "algos.gae",
+    "numpy_mlp_forward": "algos.numpy_actor",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'algos' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -1,7 +1,11 @@
-"""The multilayer perceptrons of the learner (Keras) and their numpy twin used by the workers."""
+"""The multilayer perceptrons of the learner (Keras); their numpy twin, numpy_mlp_forward, is in algos.numpy_actor."""
 
 import keras
 import numpy as np
+
+from algos.numpy_actor import numpy_mlp_forward
+
+__all__ = ["build_mlp", "numpy_mlp_forward"]
 
 
 def build_mlp(in_dim: int, out_dim: int, hidden: tuple[int, ...], output_gain: float) -> keras.Model:
@@ -26,17 +30,3 @@ def build_mlp(in_dim: int, out_dim: int, hidden: tuple[int, ...], output_gain: f
         bias_initializer="zeros",
     )(x)
     return keras.Model(inputs, outputs)
-
-
-def numpy_mlp_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
-    """The function of build_mlp in numpy: x (N, in_dim) float32 -> (N, out_dim) float32.
-
-    weights: [W0 (in_dim, h0), b0 (h0,), W1, b1, ...], float32, as in model.weights.
-    """
-    h = np.asarray(x, dtype=np.float32)
-    last = len(weights) - 2
-    for i in range(0, len(weights), 2):
-        h = h @ weights[i] + weights[i + 1]
-        if i < last:
-            h = np.tanh(h)
-    return h

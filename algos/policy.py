@@ -6,8 +6,9 @@ import gymnasium
 import numpy as np
 import tensorflow as tf
 
-from algos.networks import build_mlp, numpy_mlp_forward
+from algos.networks import build_mlp
 from algos.normalizer import RunningMeanStd
+from algos.numpy_actor import NumpyActor
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -77,7 +78,7 @@ class ActorCritic:
         """What rank 0 broadcasts each iteration: variables() + obs_rms.arrays() + ret_rms.arrays()."""
         return self.variables() + self.obs_rms.arrays() + self.ret_rms.arrays()
 
-    def numpy_actor(self) -> "NumpyActor":
+    def numpy_actor(self) -> NumpyActor:
         """A snapshot copy of the current weights and of both normalizers, for acting in numpy."""
         return NumpyActor(
             pi_weights=[w.numpy() for w in self.pi_net.weights],
@@ -132,67 +133,3 @@ class ActorCritic:
     def value(self, obs: tf.Tensor) -> tf.Tensor:
         """Value of the normalized return, (N,)."""
         return self.v_net(obs)[:, 0]
-
-
-class NumpyActor:
-    """A numpy snapshot of an ActorCritic: acts and evaluates values on RAW observations, without TensorFlow.
-
-    Workers use it because one numpy forward pass of a small MLP takes microseconds, against milliseconds
-    through TensorFlow per call. What it derives from its arguments (std, the observation scale) is computed once
-    at construction: give it arrays that will not change (ActorCritic.numpy_actor() passes copies).
-    """
-
-    def __init__(
-        self,
-        pi_weights: list[np.ndarray],
-        log_std: np.ndarray | None,
-        v_weights: list[np.ndarray],
-        obs_rms: RunningMeanStd,
-        ret_rms: RunningMeanStd,
-    ) -> None:
-        self.pi_weights = pi_weights
-        self.log_std = log_std
-        self.std = None if log_std is None else np.exp(log_std).astype(np.float32)
-        self.v_weights = v_weights
-        self.obs_rms = obs_rms
-        self.ret_rms = ret_rms
-        # obs_rms.normalize's mean and sqrt(var + epsilon), computed once instead of at every step.
-        self._obs_mean = obs_rms.mean.copy()
-        self._obs_scale = np.sqrt(obs_rms.var + obs_rms.epsilon)
-        self._obs_clip = obs_rms.clip
-
-    def act(self, raw_obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False) -> np.ndarray:
-        """Actions for raw_obs (N, obs_dim): (N, act_dim) float32 (Box, NOT clipped) or (N,) int64.
-
-        deterministic: the mean (Box) or the most likely action (Discrete) instead of a sample.
-        """
-        out = numpy_mlp_forward(self.pi_weights, self._normalize(raw_obs))
-        if self.std is None:
-            if deterministic:
-                return np.argmax(out, axis=1).astype(np.int64)
-            # Gumbel-max trick: argmax(logits + Gumbel noise) is a sample of softmax(logits).
-            return np.argmax(out + rng.gumbel(size=out.shape), axis=1).astype(np.int64)
-        if deterministic:
-            return out
-        # In place, bit for bit out + std * noise (IEEE multiplication and addition commute).
-        sample = rng.standard_normal(out.shape, dtype=np.float32)
-        sample *= self.std
-        sample += out
-        return sample
-
-    def value(self, raw_obs: np.ndarray) -> np.ndarray:
-        """Values of raw_obs (N, obs_dim), (N,) float32 in RETURN units (de-normalized with ret_rms)."""
-        v = numpy_mlp_forward(self.v_weights, self._normalize(raw_obs))[:, 0]
-        scale = np.sqrt(self.ret_rms.var[0] + self.ret_rms.epsilon)
-        return (v * scale + self.ret_rms.mean[0]).astype(np.float32)
-
-    def _normalize(self, raw_obs: np.ndarray) -> np.ndarray:
-        """self.obs_rms.normalize(raw_obs) as it was at construction, bit for bit: the same float64 operations in
-        the same order, in place in one buffer, clipped with maximum/minimum (what np.clip computes) instead of
-        np.clip, whose Python-level dispatch costs as much as a layer of the MLP at one row per call.
-        raw_obs (N, obs_dim) -> (N, obs_dim) float32."""
-        z = np.subtract(raw_obs, self._obs_mean, dtype=np.float64)
-        z /= self._obs_scale
-        np.maximum(z, -self._obs_clip, out=z)
-        np.minimum(z, self._obs_clip, out=z)
-        return z.astype(np.float32)

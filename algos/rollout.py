@@ -6,7 +6,7 @@ import gymnasium
 import numpy as np
 
 from algos.gae import gae_advantages
-from algos.policy import NumpyActor
+from algos.numpy_actor import NumpyActor
 
 
 class RolloutWorker:

@@ -5,9 +5,10 @@ import math
 import gymnasium
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from algos import ActorCritic, build_mlp, numpy_mlp_forward
+from algos import ActorCritic, NumpyActor, build_mlp, numpy_mlp_forward
 
 BOX = gymnasium.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
 DISCRETE = gymnasium.spaces.Discrete(4)
@@ -113,6 +114,22 @@ def test_numpy_actor_is_a_snapshot():
     after = actor.act(raw, np.random.default_rng(0), deterministic=True), actor.value(raw)
     np.testing.assert_array_equal(before[0], after[0])
     np.testing.assert_array_equal(before[1], after[1])
+
+
+@pytest.mark.parametrize("space", [BOX, DISCRETE], ids=["box", "discrete"])
+def test_numpy_actor_from_checkpoint_state_equals_snapshot(space):
+    # --play rebuilds the actor from a checkpoint's ac_state without TensorFlow; it must act as the learner's own.
+    ac = actor_critic(space)
+    ac_state = [v.numpy() if hasattr(v, "numpy") else np.array(v) for v in ac.broadcast_state()]
+    rebuilt = NumpyActor.from_ac_state(ac_state, hidden=(16, 16), discrete=space is DISCRETE)
+    snapshot = ac.numpy_actor()
+    raw = np.random.default_rng(6).normal(2.0, 3.0, size=(50, 5)).astype(np.float32)
+    for deterministic in (True, False):
+        np.testing.assert_array_equal(rebuilt.act(raw, np.random.default_rng(0), deterministic),
+                                      snapshot.act(raw, np.random.default_rng(0), deterministic))
+    np.testing.assert_array_equal(rebuilt.value(raw), snapshot.value(raw))
+    with pytest.raises(ValueError, match="expected"):
+        NumpyActor.from_ac_state(ac_state, hidden=(16, 16, 16), discrete=space is DISCRETE)
 
 
 def test_log_prob_entropy_kl_box():

@@ -91,6 +91,23 @@ def test_play_runs_saved_policy(learned_runs):
     assert len(returns) == 2 and min(returns) >= 500, result.stdout
 
 
+def test_play_needs_no_tensorflow_and_writes_an_image_strip(learned_runs, tmp_path):
+    run_dir = learned_runs[("InvertedPendulum-v5", "ppo")]
+    strip = tmp_path / "strip.png"
+    code = ("import sys, train; rc = train.main(); "
+            "print('tensorflow imported:', 'tensorflow' in sys.modules); sys.exit(rc)")
+    result = run_bounded([sys.executable, "-c", code, "--play", str(run_dir), "--episodes", "1", "--video",
+                          str(strip)], timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "tensorflow imported: False" in result.stdout
+    assert strip.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import imageio.v2 as imageio
+
+    image = imageio.imread(strip)
+    assert image.shape == (480, 8 * 480, 3)  # 8 frames of gymnasium's default 480 x 480 side by side
+    assert image.std() > 10  # a rendered scene, not a blank image
+
+
 @pytest.mark.parametrize("nprocs", [1, 3])
 def test_weights_identical_on_every_rank_each_iteration(runs_dir, nprocs):
     run_dir, _ = train("Pendulum-v1", "--nprocs", str(nprocs), "--total_steps", "6000", "--batch_size", "2000",

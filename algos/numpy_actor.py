@@ -1,0 +1,108 @@
+"""What the workers act with: the policy and value MLPs in numpy, with the observation and return normalizers.
+
+Numpy only (no TensorFlow), so that rollouts and ``train.py --play`` work without importing it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from algos.normalizer import RunningMeanStd
+
+
+def numpy_mlp_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
+    """The function of build_mlp in numpy: x (N, in_dim) float32 -> (N, out_dim) float32.
+
+    weights: [W0 (in_dim, h0), b0 (h0,), W1, b1, ...], float32, as in model.weights.
+    """
+    h = np.asarray(x, dtype=np.float32)
+    last = len(weights) - 2
+    for i in range(0, len(weights), 2):
+        h = h @ weights[i] + weights[i + 1]
+        if i < last:
+            h = np.tanh(h)
+    return h
+
+
+class NumpyActor:
+    """A numpy snapshot of an ActorCritic: acts and evaluates values on RAW observations, without TensorFlow.
+
+    Workers use it because one numpy forward pass of a small MLP takes microseconds, against milliseconds
+    through TensorFlow per call. What it derives from its arguments (std, the observation scale) is computed once
+    at construction: give it arrays that will not change (ActorCritic.numpy_actor() passes copies).
+    """
+
+    def __init__(
+        self,
+        pi_weights: list[np.ndarray],
+        log_std: np.ndarray | None,
+        v_weights: list[np.ndarray],
+        obs_rms: RunningMeanStd,
+        ret_rms: RunningMeanStd,
+    ) -> None:
+        self.pi_weights = pi_weights
+        self.log_std = log_std
+        self.std = None if log_std is None else np.exp(log_std).astype(np.float32)
+        self.v_weights = v_weights
+        self.obs_rms = obs_rms
+        self.ret_rms = ret_rms
+        # obs_rms.normalize's mean and sqrt(var + epsilon), computed once instead of at every step.
+        self._obs_mean = obs_rms.mean.copy()
+        self._obs_scale = np.sqrt(obs_rms.var + obs_rms.epsilon)
+        self._obs_clip = obs_rms.clip
+
+    @classmethod
+    def from_ac_state(cls, ac_state: list[np.ndarray], hidden: tuple[int, ...], discrete: bool) -> NumpyActor:
+        """The actor of a checkpoint's ``ac_state`` (ActorCritic.broadcast_state() as numpy arrays): pi_net
+        [W0, b0, ...], log_std (act_dim,) if not discrete, v_net [W0, b0, ...], obs_rms [mean, var, count],
+        ret_rms [mean, var, count]; each MLP has len(hidden) + 1 layers."""
+        n_mlp = 2 * (len(hidden) + 1)
+        expected = 2 * n_mlp + (0 if discrete else 1) + 6
+        if len(ac_state) != expected:
+            raise ValueError(f"checkpoint holds {len(ac_state)} arrays, expected {expected} for hidden={hidden}")
+        arrays = [np.asarray(a) for a in ac_state]
+        pi_weights, rest = arrays[:n_mlp], arrays[n_mlp:]
+        log_std = None if discrete else rest.pop(0)
+        v_weights, rest = rest[:n_mlp], rest[n_mlp:]
+        obs_dim = pi_weights[0].shape[0]
+        # The settings ActorCritic gives its normalizers; the statistics come from the checkpoint.
+        obs_rms, ret_rms = RunningMeanStd(obs_dim), RunningMeanStd(1, clip=1e6)
+        for dst, src in zip(obs_rms.arrays() + ret_rms.arrays(), rest, strict=True):
+            np.copyto(dst, src)
+        return cls(pi_weights, log_std, v_weights, obs_rms, ret_rms)
+
+    def act(self, raw_obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False) -> np.ndarray:
+        """Actions for raw_obs (N, obs_dim): (N, act_dim) float32 (Box, NOT clipped) or (N,) int64.
+
+        deterministic: the mean (Box) or the most likely action (Discrete) instead of a sample.
+        """
+        out = numpy_mlp_forward(self.pi_weights, self._normalize(raw_obs))
+        if self.std is None:
+            if deterministic:
+                return np.argmax(out, axis=1).astype(np.int64)
+            # Gumbel-max trick: argmax(logits + Gumbel noise) is a sample of softmax(logits).
+            return np.argmax(out + rng.gumbel(size=out.shape), axis=1).astype(np.int64)
+        if deterministic:
+            return out
+        # In place, bit for bit out + std * noise (IEEE multiplication and addition commute).
+        sample = rng.standard_normal(out.shape, dtype=np.float32)
+        sample *= self.std
+        sample += out
+        return sample
+
+    def value(self, raw_obs: np.ndarray) -> np.ndarray:
+        """Values of raw_obs (N, obs_dim), (N,) float32 in RETURN units (de-normalized with ret_rms)."""
+        v = numpy_mlp_forward(self.v_weights, self._normalize(raw_obs))[:, 0]
+        scale = np.sqrt(self.ret_rms.var[0] + self.ret_rms.epsilon)
+        return (v * scale + self.ret_rms.mean[0]).astype(np.float32)
+
+    def _normalize(self, raw_obs: np.ndarray) -> np.ndarray:
+        """self.obs_rms.normalize(raw_obs) as it was at construction, bit for bit: the same float64 operations in
+        the same order, in place in one buffer, clipped with maximum/minimum (what np.clip computes) instead of
+        np.clip, whose Python-level dispatch costs as much as a layer of the MLP at one row per call.
+        raw_obs (N, obs_dim) -> (N, obs_dim) float32."""
+        z = np.subtract(raw_obs, self._obs_mean, dtype=np.float64)
+        z /= self._obs_scale
+        np.maximum(z, -self._obs_clip, out=z)
+        np.minimum(z, self._obs_clip, out=z)
+        return z.astype(np.float32)
