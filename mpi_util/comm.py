@@ -284,17 +284,10 @@ def install_abort_on_exception() -> None:
         return
 
     def abort_hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
-        # One write with the exception on its first line: Abort makes mpiexec kill the job at once, and its I/O
-        # forwarding can drop whatever this rank wrote last, so a line-by-line traceback was sometimes cut short.
+        # The exception on the first line and the traceback in the same single write, so that what reaches the
+        # user names the error even if mpiexec forwards only part of it.
         summary = "".join(traceback.format_exception_only(exc_type, exc)).strip()
-        message = (
-            f"mpi_util: uncaught exception on rank {COMM_WORLD.Get_rank()}, aborting all ranks: {summary}\n"
-            + "".join(traceback.format_exception(exc_type, exc, tb))
-        )
-        sys.stdout.flush()
-        sys.stderr.write(message)
-        sys.stderr.flush()
-        _wait_for_reader(sys.stderr)
-        COMM_WORLD.Abort(1)
+        abort(f"mpi_util: uncaught exception on rank {COMM_WORLD.Get_rank()}, aborting all ranks: {summary}\n"
+              + "".join(traceback.format_exception(exc_type, exc, tb)))
 
     sys.excepthook = abort_hook
