@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
@@ -33,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scaling import describe_machine, load_average, pretty_command, read_progress, table, write_csv
+from scaling import describe_machine, load_average, pretty_command, read_progress, run_logged, table, write_csv
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "learning"
@@ -81,25 +79,6 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return commit + ("+uncommitted changes" if dirty else "")
-
-
-def run_logged(command: list[str], log_path: Path, timeout_s: float) -> tuple[int, float]:
-    """Run ``command`` from the repository root in its own process group, appending its output to log_path;
-    kill the group after timeout_s. Returns (exit status, wall seconds); a timeout raises RuntimeError."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    started = time.perf_counter()
-    with open(log_path, "a") as log:
-        log.write(f"\n$ {shlex.join(command)}\n")
-        log.flush()
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise RuntimeError(f"no result after {timeout_s:.0f} s: {shlex.join(command)}; log: {log_path}") from None
-    return returncode, time.perf_counter() - started
 
 
 def one_run(env: str, algo: str, nprocs: int, seed: int, args: argparse.Namespace) -> dict[str, Any] | None:

@@ -91,6 +91,26 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+def run_logged(command: list[str], log_path: Path, timeout_s: float) -> tuple[int, float]:
+    """Run ``command`` from the repository root, appending its output to log_path; after timeout_s kill its process
+    group (its own session: one signal reaches mpiexec and every rank). Returns (exit status, wall seconds); a
+    timeout raises RuntimeError."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    started = time.perf_counter()
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {shlex.join(command)}\n")
+        log.flush()
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise RuntimeError(f"no result after {timeout_s:.0f} s: {shlex.join(command)}; log: {log_path}") from None
+    return returncode, time.perf_counter() - started
+
+
 def run_train(env_id: str, nprocs: int, total_steps: int, workdir: Path, timeout_s: float,
               extra_args: Sequence[str] = ()) -> TrainRun:
     """Run ``train.py env_id --nprocs nprocs --total_steps total_steps`` with its run directory under workdir
@@ -99,21 +119,8 @@ def run_train(env_id: str, nprocs: int, total_steps: int, workdir: Path, timeout
     workdir.mkdir(parents=True)
     command = [sys.executable, str(REPO / "train.py"), env_id, "--nprocs", str(nprocs),
                "--total_steps", str(total_steps), "--logdir", str(workdir / "runs"), *extra_args]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     load_before = load_average()
-    started = time.perf_counter()
-    with open(workdir / "train.log", "w") as log:
-        # Its own session, so a timeout can kill mpiexec and every rank with one signal to the group.
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise RuntimeError(f"no result after {timeout_s:.0f} s: {shlex.join(command)}; "
-                               f"log: {workdir / 'train.log'}") from None
-    process_wall_s = time.perf_counter() - started
+    returncode, process_wall_s = run_logged(command, workdir / "train.log", timeout_s)
     if returncode != 0:
         tail = (workdir / "train.log").read_text().splitlines()[-15:]
         raise RuntimeError(f"exit status {returncode}: {shlex.join(command)}\n" + "\n".join(tail))
