@@ -58,6 +58,8 @@ class TrainConfig:
     """Hidden layer sizes of the policy and value MLPs."""
     lr: float = 3e-4
     """PPO: Adam learning rate. TRPO: value-function learning rate is 1e-3 unless this is changed."""
+    lr_schedule: str = "linear"
+    """PPO: "linear" decays lr to 0 over total_steps (OpenAI baselines' MuJoCo setting); "constant" keeps it."""
     epochs: int = 10
     """PPO: passes over each batch."""
     minibatch_size: int = 64
@@ -106,6 +108,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="hidden layer sizes of the policy and value MLPs (default: %(default)s)")
     parser.add_argument("--lr", type=float, default=defaults["lr"],
                         help="PPO Adam learning rate (default: %(default)s)")
+    parser.add_argument("--lr_schedule", choices=["linear", "constant"], default=defaults["lr_schedule"],
+                        help="PPO: 'linear' decays the learning rate to 0 over --total_steps (a --resume with "
+                             "a new --total_steps follows the new budget), 'constant' keeps it (default: "
+                             "%(default)s)")
     parser.add_argument("--epochs", type=int, default=defaults["epochs"],
                         help="PPO epochs per batch (default: %(default)s)")
     parser.add_argument("--minibatch_size", type=int, default=defaults["minibatch_size"],
@@ -201,6 +207,7 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
             raise ValueError(f"--resume {run_dir}: not a run directory (no config.json)")
         saved = json.loads(config_path.read_text())
         saved["hidden"] = tuple(saved["hidden"])
+        saved.setdefault("lr_schedule", "constant")  # runs from before the schedule existed had a constant lr
         if args.env_name and resolve_env_id(args.env_name) != saved["env_id"]:
             raise ValueError(f"--resume {run_dir} is a {saved['env_id']} run, not {resolve_env_id(args.env_name)}")
         if "--algo" in sys.argv and args.algo != saved["algo"]:
@@ -218,7 +225,8 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
         config = TrainConfig(
             env_id=resolve_env_id(args.env_name), algo=args.algo, nprocs=nprocs, gpu_pct=args.gpu_pct,
             total_steps=args.total_steps, num_episodes=args.num_episodes, batch_size=args.batch_size,
-            gamma=args.gamma, lam=args.lam, kl_targ=args.kl_targ, hidden=hidden, lr=args.lr, epochs=args.epochs,
+            gamma=args.gamma, lam=args.lam, kl_targ=args.kl_targ, hidden=hidden, lr=args.lr,
+            lr_schedule=args.lr_schedule, epochs=args.epochs,
             minibatch_size=args.minibatch_size, seed=args.seed, checkpoint_every=args.checkpoint_every,
             check_sync=args.check_sync, stall_timeout=args.stall_timeout,
         )
@@ -452,6 +460,10 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
         t2 = time.monotonic()
         stats: dict[str, float] = {}
         if rank == 0:
+            if config.algo == "ppo" and config.lr_schedule == "linear":
+                # The fraction of the step budget still ahead, counting this batch: the first update uses lr,
+                # the last about lr / iterations (a resume with a smaller budget floors it at 0).
+                learner.set_learning_rate(config.lr * max(0.0, 1.0 - counters[1] / config.total_steps))
             stats = learner.update(batch["obs"], batch["act"], batch["adv"], batch["ret"])
             counters[0] += 1
             counters[1] += config.batch_size

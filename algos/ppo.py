@@ -58,13 +58,18 @@ class PPO:
         )
         self._batch_kl = tf.function(self._batch_kl_fn, input_signature=[params_spec, obs_spec])
 
+    def set_learning_rate(self, lr: float) -> None:
+        """Adam's learning rate for the next updates (a schedule sets it before each update)."""
+        self.optimizer.learning_rate = lr
+
     def update(self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray) -> dict[str, float]:
         """One PPO update on a gathered batch of N rows, then obs_rms merges obs.
 
         obs (N, obs_dim) float32 RAW observations; act (N, act_dim) float32 or (N,) int64; adv (N,) GAE
         advantages, not yet normalized; ret (N,) value targets in return units.
         Returns floats: pi_loss, v_loss, entropy, clip_frac (means over the gradient steps taken), kl (mean
-        KL(old || new) over the batch after the update), epochs (run), explained_var (of the workers' values).
+        KL(old || new) over the batch after the update), epochs (run), explained_var (of the workers' values),
+        lr (the learning rate of this update).
         """
         batch = prepare_batch(self.ac, obs, act, adv, ret)
         old_params, old_logp = self._old_policy(batch.obs, batch.act)
@@ -92,6 +97,7 @@ class PPO:
             "clip_frac": float(clip_frac),
             "epochs": float(epochs),
             "explained_var": batch.explained_var,
+            "lr": float(self.optimizer.learning_rate.numpy()),
         }
 
     def optimizer_state(self) -> list[np.ndarray]:

@@ -156,26 +156,27 @@ def mean_std(values: list[float]) -> str:
 
 
 def nprocs_comparison(groups: list[dict[str, Any]]) -> list[str]:
-    """Markdown lines comparing the final training return of the same env and algorithm at different nprocs:
-    the difference of the means against its standard error sqrt(s1^2/n1 + s2^2/n2); within noise when the
-    difference is under two standard errors. Empty when no env and algorithm ran at two nprocs."""
+    """Markdown lines comparing both final returns (deterministic eval and training) of the same env and algorithm
+    at different nprocs: the difference of the means against its standard error sqrt(s1^2/n1 + s2^2/n2); within
+    noise when the difference is under two standard errors. Empty when no env and algorithm ran at two nprocs."""
     rows = []
     for a in groups:
         for b in groups:
             if (a["env"], a["algo"]) != (b["env"], b["algo"]) or a["nprocs"] >= b["nprocs"]:
                 continue
-            difference = b["final_train_return_mean"] - a["final_train_return_mean"]
-            stderr = math.sqrt(sum(g["final_train_return_std"] ** 2 / g["seeds"] for g in (a, b)))
-            within = abs(difference) < 2 * stderr
-            rows.append([a["env"], a["algo"].upper(), f"{a['nprocs']} vs {b['nprocs']}",
-                         f"{a['final_train_return_mean']:,.0f} vs {b['final_train_return_mean']:,.0f}",
-                         f"{difference:+,.0f}", f"{stderr:,.0f}", "yes" if within else "**no**"])
+            for measure, key in (("deterministic eval", "eval_return"), ("training return", "final_train_return")):
+                difference = b[f"{key}_mean"] - a[f"{key}_mean"]
+                stderr = math.sqrt(sum(g[f"{key}_std"] ** 2 / g["seeds"] for g in (a, b)))
+                within = abs(difference) < 2 * stderr
+                rows.append([a["env"], a["algo"].upper(), measure, f"{a['nprocs']} vs {b['nprocs']}",
+                             f"{a['seeds']} and {b['seeds']}", f"{a[f'{key}_mean']:,.0f} vs {b[f'{key}_mean']:,.0f}",
+                             f"{difference:+,.0f}", f"{stderr:,.0f}", "yes" if within else "**no**"])
     if not rows:
         return []
-    return ["Does parallelism change what is learned? Final training return, mean over seeds (difference = the "
-            "larger nprocs minus the smaller; within noise = under two standard errors of the difference):", "",
-            table(["env", "algo", "nprocs", "final training return", "difference", "std error", "within noise"],
-                  rows), ""]
+    return ["Does parallelism change what is learned? Means over seeds (difference = the larger nprocs minus the "
+            "smaller; within noise = under two standard errors of the difference):", "",
+            table(["env", "algo", "measure", "nprocs", "seeds", "mean return", "difference", "std error",
+                   "within noise"], rows), ""]
 
 
 def plot_curves(summaries: list[dict[str, Any]], out: Path) -> list[Path]:
@@ -229,11 +230,12 @@ def report(out: Path) -> None:
         train_returns = [s["final_train_return"] for s in runs]
         eval_returns = [s["eval_return_mean"] for s in runs]
         target = TARGETS.get((env_name(env), algo))
-        met = "" if target is None else ("yes" if statistics.fmean(train_returns) >= target else "**no**")
+        met_eval, met_train = ("", "") if target is None else (
+            "yes" if statistics.fmean(returns) >= target else "**no**" for returns in (eval_returns, train_returns))
         wall = [s["train_wall_s"] for s in runs]
         rows.append([env, algo.upper(), nprocs, len(runs), " ".join(str(s["seed"]) for s in runs),
-                     f"{statistics.fmean(s['total_steps'] for s in runs):,.0f}", mean_std(train_returns),
-                     mean_std(eval_returns), "" if target is None else f"{target:,}", met,
+                     f"{statistics.fmean(s['total_steps'] for s in runs):,.0f}", mean_std(eval_returns),
+                     mean_std(train_returns), "" if target is None else f"{target:,}", met_eval, met_train,
                      f"{statistics.fmean(wall) / 60:.1f} ({min(wall) / 60:.1f}-{max(wall) / 60:.1f})"])
         csv_rows.append({"env": env, "algo": algo, "nprocs": nprocs, "seeds": len(runs),
                          "final_train_return_mean": statistics.fmean(train_returns),
@@ -246,20 +248,21 @@ def report(out: Path) -> None:
     comparison = nprocs_comparison(csv_rows)
     machine = describe_machine()
     commits = sorted({s["commit"] for s in summaries})
-    dates = sorted(s["date_utc"] for s in summaries)
+    dates = sorted((s["date_utc"] for s in summaries), key=lambda d: time.strptime(d, "%a %b %d %H:%M:%S %Z %Y"))
     lines = [
         "- command: `.venv/bin/python benchmarks/learning.py` (from the repository root; each run's own command "
         "lines are in its command.txt)",
         f"- machine: nproc {machine['nproc']}, {machine['cpu_model']}, {machine['memory']} memory, {machine['os']}, "
         f"Python {machine['python']}; shared with other jobs, so wall clock varies with the load",
         f"- runs finished between {dates[0]} and {dates[-1]}; code at commit(s) {', '.join(commits)}",
-        f"- final training return: mean over the training episodes that ended in the last iterations, at least "
-        f"{FINAL_EPISODES} episodes; eval: the final policy, deterministic (mean action), "
-        f"{len(summaries[0]['eval_returns'])} episodes; both as mean ± std over seeds. "
-        "Target judged on the final training return.",
+        f"- deterministic eval: the final policy acting with its mean action, {len(summaries[0]['eval_returns'])} "
+        f"episodes; final training return: mean over the training episodes (stochastic actions) that ended in the "
+        f"last iterations, at least {FINAL_EPISODES} episodes; both as mean ± std over seeds. Targets are judged on "
+        "the deterministic eval (the policy a user gets); the last column says whether the training return meets "
+        "them too.",
         "",
-        table(["env", "algo", "nprocs", "seeds", "which", "steps", "final training return", "deterministic eval",
-               "target", "met", "train.py wall min, mean (range)"], rows),
+        table(["env", "algo", "nprocs", "seeds", "which", "steps", "deterministic eval", "final training return",
+               "target", "met (eval)", "met (train)", "train.py wall min, mean (range)"], rows),
         "",
         *comparison,
         *[f"![{p.stem}]({p.name})" for p in plots],

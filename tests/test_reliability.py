@@ -74,7 +74,9 @@ def test_nan_reward_names_rank_and_step(tmp_path):
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_at_safe_point_with_checkpoint_and_resume_is_exact(tmp_path, signum):
-    common = ["Pendulum-v1", "--nprocs", "2", "--batch_size", "1024", "--checkpoint_every", "1000"]
+    # A constant learning rate: the resume below shrinks the budget, which a linear schedule follows.
+    common = ["Pendulum-v1", "--nprocs", "2", "--batch_size", "1024", "--checkpoint_every", "1000",
+              "--lr_schedule", "constant"]
     job = subprocess.Popen([sys.executable, TRAIN, *common, "--total_steps", "1000000", "--logdir",
                             str(tmp_path / "stopped")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))

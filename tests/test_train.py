@@ -83,6 +83,13 @@ def test_run_directory_has_config_csv_tensorboard_checkpoints_plot(learned_runs)
     assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_ppo_learning_rate_decays_linearly_over_the_step_budget(learned_runs):
+    rows = progress(learned_runs[("CartPole-v1", "ppo")])
+    lrs = [float(r["lr"]) for r in rows]
+    # Update i (from 0) sees the budget with i batches already spent: 3e-4 * (1 - i * 2048 / 30720).
+    assert lrs == pytest.approx([3e-4 * (1 - i / 15) for i in range(15)], rel=1e-6)
+
+
 def test_play_runs_saved_policy(learned_runs):
     run_dir = learned_runs[("InvertedPendulum-v5", "ppo")]
     result = run_bounded([sys.executable, TRAIN, "--play", str(run_dir), "--episodes", "2"], timeout=120)
@@ -127,10 +134,12 @@ def test_same_seed_same_results_other_seed_differs(runs_dir):
 
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir):
-    common = ["Pendulum-v1", "--nprocs", "2", "--checkpoint_every", "3"]
-    whole, _ = train(*common, "--total_steps", "12288", "--logdir", str(runs_dir / "whole"))
-    part, _ = train(*common, "--total_steps", "6144", "--logdir", str(runs_dir / "part"))
-    resumed, out = train("--resume", str(part), "--nprocs", "2", "--total_steps", "12288")
+    # The same step budget for both, so the linear learning-rate schedule is the same: the first part stops
+    # on an episode budget instead (Pendulum's episodes all last 200 steps, so 30 end in iteration 3).
+    common = ["Pendulum-v1", "--nprocs", "2", "--checkpoint_every", "3", "--total_steps", "12288"]
+    whole, _ = train(*common, "--logdir", str(runs_dir / "whole"))
+    part, _ = train(*common, "--num_episodes", "30", "--logdir", str(runs_dir / "part"))
+    resumed, out = train("--resume", str(part), "--nprocs", "2", "--num_episodes", "1000")
     assert resumed == part
     assert "from ckpt_00000003.pkl: iteration 3, step 6144" in out
     assert reproducible_part(progress(resumed)) == reproducible_part(progress(whole))
