@@ -185,6 +185,15 @@ def check_env_spaces(env_id: str) -> None:
         raise ValueError(f"{env_id} has action space {act_space}; only Discrete or flat Box actions are supported")
 
 
+def load_saved_config(run_dir: Path) -> dict:
+    """RUN_DIR/config.json as TrainConfig's keyword arguments, with the values older runs implied for fields
+    they lack."""
+    saved = json.loads((run_dir / "config.json").read_text())
+    saved["hidden"] = tuple(saved["hidden"])
+    saved.setdefault("lr_schedule", "constant")  # runs from before the schedule existed had a constant lr
+    return saved
+
+
 def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
     """The run's config, its directory, and whether it resumes; ValueError with a one-line reason if bad."""
     nprocs_text = args.nprocs
@@ -205,9 +214,7 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
         config_path = run_dir / "config.json"
         if not config_path.is_file():
             raise ValueError(f"--resume {run_dir}: not a run directory (no config.json)")
-        saved = json.loads(config_path.read_text())
-        saved["hidden"] = tuple(saved["hidden"])
-        saved.setdefault("lr_schedule", "constant")  # runs from before the schedule existed had a constant lr
+        saved = load_saved_config(run_dir)
         if args.env_name and resolve_env_id(args.env_name) != saved["env_id"]:
             raise ValueError(f"--resume {run_dir} is a {saved['env_id']} run, not {resolve_env_id(args.env_name)}")
         if "--algo" in sys.argv and args.algo != saved["algo"]:

@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,21 @@ def git_commit() -> str:
     return commit + ("+uncommitted changes" if dirty else "")
 
 
+def config_differences(run_dir: Path, train_args: list[str]) -> list[str]:
+    """'field: VALUE there, VALUE now' for each learning setting where RUN_DIR's config.json differs from what
+    ``train.py TRAIN_ARGS`` would configure with the code as it is now (a default may have changed since)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    import train
+
+    now = asdict(train.build_config(train.parse_args(train_args))[0])
+    there = train.load_saved_config(run_dir)
+    # What may differ between launches of one run: the resume passes its own nprocs and budget.
+    launch_settings = {"nprocs", "gpu_pct", "total_steps", "num_episodes", "check_sync", "stall_timeout"}
+    return [f"{name}: {there.get(name)!r} there, {value!r} now" for name, value in now.items()
+            if name not in launch_settings and there.get(name) != value]
+
+
 def one_run(env: str, algo: str, nprocs: int, seed: int, args: argparse.Namespace) -> dict[str, Any] | None:
     """Train (or finish) one seed, evaluate it, keep its files under --out; its summary, or None if skipped."""
     group = f"{env}_{algo}_n{nprocs}"
@@ -93,12 +109,17 @@ def one_run(env: str, algo: str, nprocs: int, seed: int, args: argparse.Namespac
     run_dirs = sorted(p.parent for p in logdir.glob("*/config.json"))
     resumable = [d for d in run_dirs if any((d / "checkpoints").glob("ckpt_*.pkl"))]
     train = [sys.executable, "train.py"]
+    fresh_args = [env, "--algo", algo, "--nprocs", str(nprocs), "--seed", str(seed), "--total_steps",
+                  str(args.total_steps), "--logdir", str(logdir), *shlex.split(args.train_args)]
     if resumable:
+        differences = config_differences(resumable[-1], fresh_args)
+        if differences:
+            raise RuntimeError(f"{resumable[-1]} was trained with another configuration than train.py would use now "
+                               f"({'; '.join(differences)}): move it out of {logdir} or choose another --workdir")
         command = [*train, "--resume", str(resumable[-1]), "--nprocs", str(nprocs),
                    "--total_steps", str(args.total_steps)]
     else:
-        command = [*train, env, "--algo", algo, "--nprocs", str(nprocs), "--seed", str(seed),
-                   "--total_steps", str(args.total_steps), "--logdir", str(logdir), *shlex.split(args.train_args)]
+        command = [*train, *fresh_args]
     print(f"[{time.strftime('%H:%M:%S')}] {group} seed {seed}: {shlex.join(command[1:])}", flush=True)
     load_before = load_average()
     returncode, train_wall_s = run_logged(command, log_path, args.timeout)
