@@ -48,6 +48,8 @@ class TrainConfig:
     """Also stop after this many finished episodes (None: no episode limit)."""
     batch_size: int = 2048
     """Environment steps per iteration, all ranks together."""
+    envs_per_rank: int = 1
+    """Environments each rank steps in lockstep, acting on all of them with one batched forward pass."""
     gamma: float = 0.99
     """Discount factor."""
     lam: float = 0.95
@@ -97,6 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-b", "--batch_size", type=int, default=defaults["batch_size"],
                         help="environment steps per iteration over all ranks, split across ranks by steps "
                              "(default: %(default)s)")
+    parser.add_argument("--envs_per_rank", type=int, default=defaults["envs_per_rank"],
+                        help="environments each process steps in lockstep with one batched policy call; more "
+                             "spreads the policy's per-call cost (default: %(default)s)")
     parser.add_argument("-g", "--gamma", type=float, default=defaults["gamma"],
                         help="discount factor, in (0, 1] (default: %(default)s)")
     parser.add_argument("-l", "--lam", type=float, default=defaults["lam"],
@@ -191,6 +196,7 @@ def load_saved_config(run_dir: Path) -> dict:
     saved = json.loads((run_dir / "config.json").read_text())
     saved["hidden"] = tuple(saved["hidden"])
     saved.setdefault("lr_schedule", "constant")  # runs from before the schedule existed had a constant lr
+    saved.setdefault("envs_per_rank", 1)
     return saved
 
 
@@ -232,6 +238,7 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
         config = TrainConfig(
             env_id=resolve_env_id(args.env_name), algo=args.algo, nprocs=nprocs, gpu_pct=args.gpu_pct,
             total_steps=args.total_steps, num_episodes=args.num_episodes, batch_size=args.batch_size,
+            envs_per_rank=args.envs_per_rank,
             gamma=args.gamma, lam=args.lam, kl_targ=args.kl_targ, hidden=hidden, lr=args.lr,
             lr_schedule=args.lr_schedule, epochs=args.epochs,
             minibatch_size=args.minibatch_size, seed=args.seed, checkpoint_every=args.checkpoint_every,
@@ -270,7 +277,7 @@ def unused_run_dir(path: Path) -> Path:
 
 
 def check_config(config: TrainConfig) -> None:
-    for name in ("total_steps", "batch_size", "epochs", "minibatch_size", "checkpoint_every"):
+    for name in ("total_steps", "batch_size", "envs_per_rank", "epochs", "minibatch_size", "checkpoint_every"):
         if getattr(config, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(config, name)}")
     if config.num_episodes is not None and config.num_episodes < 1:
@@ -278,6 +285,9 @@ def check_config(config: TrainConfig) -> None:
     if config.batch_size < config.nprocs:
         raise ValueError(f"--batch_size {config.batch_size} is smaller than --nprocs {config.nprocs}; "
                          "every process needs at least one step per iteration")
+    if config.batch_size < config.nprocs * config.envs_per_rank:
+        raise ValueError(f"--batch_size {config.batch_size} is smaller than --nprocs x --envs_per_rank "
+                         f"({config.nprocs} x {config.envs_per_rank}); every env needs at least one step per iteration")
     for name in ("gamma", "lam"):
         if not 0.0 < getattr(config, name) <= 1.0:
             raise ValueError(f"--{name} must be in (0, 1], got {getattr(config, name)}")
@@ -365,10 +375,10 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
 
-    env = gymnasium.make(config.env_id)
-    worker = RolloutWorker(env, seed=mpi_util.rank_seed(config.seed, rank), gamma=config.gamma, lam=config.lam)
+    envs = [gymnasium.make(config.env_id) for _ in range(config.envs_per_rank)]
+    worker = RolloutWorker(envs, seed=mpi_util.rank_seed(config.seed, rank), gamma=config.gamma, lam=config.lam)
     action_rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(rank, 1)))
-    ac = ActorCritic(env.observation_space.shape[0], env.action_space, hidden=config.hidden)
+    ac = ActorCritic(envs[0].observation_space.shape[0], envs[0].action_space, hidden=config.hidden)
     learner: PPO | TRPO | None = None
     if rank == 0:
         if config.algo == "ppo":
@@ -403,13 +413,14 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
                             + ("" if same_layout else f" (was {state['nprocs']} processes: fresh episodes)"))
         mine = mpi_util.COMM_WORLD.scatter(per_rank_state, root=0)
         if mine is not None:
-            worker.env = restore_env(mine["env"])
+            # Checkpoints from before several envs per rank hold one env under "env".
+            worker.envs = [restore_env(blob) for blob in mine.get("envs", [mine.get("env")])]
             worker.restore_episode(mine["episode"])
             action_rng.bit_generator.state = mine["action_rng"]
         else:
             fresh_seed = np.random.SeedSequence(config.seed, spawn_key=(rank, 2, int(counters[0]))).generate_state(1)
-            worker = RolloutWorker(gymnasium.make(config.env_id), seed=int(fresh_seed[0]), gamma=config.gamma,
-                                   lam=config.lam)
+            worker = RolloutWorker([gymnasium.make(config.env_id) for _ in range(config.envs_per_rank)],
+                                   seed=int(fresh_seed[0]), gamma=config.gamma, lam=config.lam)
 
     def budget_spent() -> bool:
         return bool(counters[1] >= config.total_steps
@@ -440,7 +451,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
 
     def checkpoint() -> None:
         # Every rank's episode state and RNG goes to rank 0 (small pickles), which writes one file.
-        mine = {"env": snapshot_env(worker.env), "episode": worker.episode_state(),
+        mine = {"envs": [snapshot_env(env) for env in worker.envs], "episode": worker.episode_state(),
                 "action_rng": action_rng.bit_generator.state}
         ranks_state = mpi_util.COMM_WORLD.gather(mine, root=0)
         if rank == 0:

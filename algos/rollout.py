@@ -1,6 +1,7 @@
 """Collecting a rank's share of the batch from one gymnasium environment."""
 
 import math
+from collections.abc import Sequence
 
 import gymnasium
 import numpy as np
@@ -10,101 +11,136 @@ from algos.numpy_actor import NumpyActor
 
 
 class RolloutWorker:
-    """One gymnasium env on one rank. Episodes continue across collect() calls (the batch is split across
-    ranks by steps, so a rank's share may end mid-episode).
+    """K gymnasium envs on one rank, stepped in lockstep with one batched forward pass of the actor per step (K
+    rows), which spreads the actor's per-call cost over K env steps. Episodes continue across collect() calls (the
+    batch is split across ranks and envs by steps, so an env's share may end mid-episode).
 
-    The first reset uses reset(seed=seed) and the action space is seeded with seed; later resets are unseeded
-    so the env's own RNG carries on. gamma and lam are the GAE discount and trace parameters.
+    envs: one env or a list of K envs of the same spaces. Env k's first reset uses reset(seed=seed_k) and its action
+    space is seeded with seed_k, where seed_0 = seed (one env behaves as it did before envs could be several) and
+    seed_k = SeedSequence(seed, spawn_key=(k,)) for k >= 1; later resets are unseeded so each env's own RNG carries
+    on. gamma and lam are the GAE discount and trace parameters.
     """
 
-    def __init__(self, env: gymnasium.Env, seed: int, gamma: float, lam: float) -> None:
+    def __init__(self, envs: gymnasium.Env | Sequence[gymnasium.Env], seed: int, gamma: float, lam: float) -> None:
+        self.envs = [envs] if isinstance(envs, gymnasium.Env) else list(envs)
+        if not self.envs:
+            raise ValueError("need at least one env")
+        env = self.envs[0]
         if len(env.observation_space.shape) != 1:
             raise ValueError(f"need a flat observation space, got shape {env.observation_space.shape}")
-        self.env = env
         self.gamma = gamma
         self.lam = lam
         self.is_discrete = isinstance(env.action_space, gymnasium.spaces.Discrete)
         self.obs_dim = env.observation_space.shape[0]
         self.act_shape = () if self.is_discrete else env.action_space.shape
-        env.action_space.seed(seed)
-        self._obs = self._reset(seed)
-        self._ep_return = 0.0
-        self._ep_length = 0
+        self._obs = np.empty((len(self.envs), self.obs_dim), dtype=np.float32)
+        for k, env_k in enumerate(self.envs):
+            seed_k = seed if k == 0 else int(np.random.SeedSequence(seed, spawn_key=(k,)).generate_state(1)[0])
+            env_k.action_space.seed(seed_k)
+            self._obs[k] = self._reset(env_k, seed_k)
+        self._ep_return = np.zeros(len(self.envs))
+        self._ep_length = np.zeros(len(self.envs), dtype=np.int64)
 
     def collect(
         self, n_steps: int, actor: NumpyActor, rng: np.random.Generator
     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Step the env n_steps times with actor, sampling actions from rng.
+        """Step the envs n_steps times in all with actor, sampling actions from rng: env k takes
+        n_steps // K steps, one more when k < n_steps % K.
 
         Returns (batch, episodes):
             batch: {"obs": (n, obs_dim) float32 RAW observations, "act": (n, act_dim) float32 unclipped or
                 (n,) int64, "adv": (n,) float32 GAE advantages (not normalized), "ret": (n,) float32 value
-                targets}.
+                targets}; env 0's steps first, then env 1's, and so on.
             episodes: {"ep_return": (E,) float64, "ep_length": (E,) int64} of the episodes that FINISHED
                 (terminated or truncated) during this call, counting their steps from earlier calls too.
 
         Actions are clipped to the Box bounds only when passed to env.step. A terminated step has next
         value 0; a truncated one bootstraps from the value of the final observation step() returned (before
-        the reset); the last step of the call, when its episode goes on, bootstraps from the value of the
+        the reset); an env's last step of the call, when its episode goes on, bootstraps from the value of the
         next observation.
         Raises ValueError naming the step when an observation or a reward is NaN or infinite.
         """
-        obs = np.empty((n_steps, self.obs_dim), dtype=np.float32)
-        act = np.empty((n_steps, *self.act_shape), dtype=np.int64 if self.is_discrete else np.float32)
-        rewards = np.empty(n_steps, dtype=np.float64)
-        episode_ends = np.zeros(n_steps, dtype=bool)
-        truncated_steps: list[int] = []
-        truncated_obs: list[np.ndarray] = []
+        n_envs = len(self.envs)
+        steps_of_env = [n_steps // n_envs + (1 if k < n_steps % n_envs else 0) for k in range(n_envs)]
+        longest = steps_of_env[0]
+        obs = np.empty((n_envs, longest, self.obs_dim), dtype=np.float32)
+        act = np.empty((n_envs, longest, *self.act_shape), dtype=np.int64 if self.is_discrete else np.float32)
+        rewards = np.empty((n_envs, longest), dtype=np.float64)
+        episode_ends = np.zeros((n_envs, longest), dtype=bool)
+        truncated_steps: list[list[int]] = [[] for _ in range(n_envs)]
+        truncated_obs: list[list[np.ndarray]] = [[] for _ in range(n_envs)]
         ep_returns: list[float] = []
         ep_lengths: list[int] = []
-        space = self.env.action_space
+        space = self.envs[0].action_space
         # np.minimum(np.maximum(...)) is np.clip bit for bit, without np.clip's Python-level dispatch, which
         # costs as much as the policy's forward pass at one row per step.
         low, high = (None, None) if self.is_discrete else (space.low, space.high)
 
-        for t in range(n_steps):
-            obs[t] = self._obs
-            action = actor.act(obs[t : t + 1], rng)[0]
-            act[t] = action
-            env_action = int(action) if self.is_discrete else np.minimum(np.maximum(action, low), high)
-            next_obs, reward, terminated, truncated, _ = self.env.step(env_action)
-            next_obs = np.asarray(next_obs, dtype=np.float32)
-            if not (np.isfinite(next_obs).all() and math.isfinite(reward)):
-                raise ValueError(
-                    f"non-finite observation or reward at step {t} of this collect "
-                    f"(step {self._ep_length + 1} of its episode): reward={reward}, observation={next_obs}"
-                )
-            rewards[t] = reward
-            self._ep_return += float(reward)
-            self._ep_length += 1
-            if terminated or truncated:
-                episode_ends[t] = True
-                ep_returns.append(self._ep_return)
-                ep_lengths.append(self._ep_length)
-                self._ep_return = 0.0
-                self._ep_length = 0
-                if not terminated:
-                    truncated_steps.append(t)
-                    truncated_obs.append(next_obs)
-                next_obs = self._reset(None)
-            self._obs = next_obs
+        for t in range(longest):
+            # The envs with a step left at t are a prefix: the first ones take the remainder.
+            active = n_envs if t < steps_of_env[-1] else n_steps % n_envs
+            obs[:active, t] = self._obs[:active]
+            actions = actor.act(obs[:active, t], rng)
+            act[:active, t] = actions
+            env_actions = actions if self.is_discrete else np.minimum(np.maximum(actions, low), high)
+            for k in range(active):
+                next_obs, reward, terminated, truncated, _ = self.envs[k].step(
+                    int(env_actions[k]) if self.is_discrete else env_actions[k])
+                next_obs = np.asarray(next_obs, dtype=np.float32)
+                if not (np.isfinite(next_obs).all() and math.isfinite(reward)):
+                    raise ValueError(
+                        f"non-finite observation or reward at step {t} of this collect "
+                        f"(env {k}, step {self._ep_length[k] + 1} of its episode): reward={reward}, "
+                        f"observation={next_obs}"
+                    )
+                rewards[k, t] = reward
+                self._ep_return[k] += float(reward)
+                self._ep_length[k] += 1
+                if terminated or truncated:
+                    episode_ends[k, t] = True
+                    ep_returns.append(float(self._ep_return[k]))
+                    ep_lengths.append(int(self._ep_length[k]))
+                    self._ep_return[k] = 0.0
+                    self._ep_length[k] = 0
+                    if not terminated:
+                        truncated_steps[k].append(t)
+                        truncated_obs[k].append(next_obs)
+                    next_obs = self._reset(self.envs[k], None)
+                self._obs[k] = next_obs
 
-        cut_by_batch = n_steps > 0 and not episode_ends[-1]
-        if cut_by_batch:
-            episode_ends[-1] = True
-        # One batched value call for the whole collect: per-step calls would dominate the step loop.
-        value_inputs = [obs] + [o[None] for o in truncated_obs] + ([self._obs[None]] if cut_by_batch else [])
+        # One batched value call for the whole collect: per-step calls would dominate the step loop. Rows: every
+        # env's steps, then every env's truncated final observations, then the observations that go on.
+        cut_by_batch = [n > 0 and not episode_ends[k, n - 1] for k, n in enumerate(steps_of_env)]
+        value_inputs = [obs[k, :n] for k, n in enumerate(steps_of_env)]
+        value_inputs += [o[None] for k in range(n_envs) for o in truncated_obs[k]]
+        value_inputs += [self._obs[k : k + 1] for k in range(n_envs) if cut_by_batch[k]]
         all_values = actor.value(np.concatenate(value_inputs, axis=0))
-        values = all_values[:n_steps]
-        # Inside an episode the next value is the next step's; at an episode's end it is 0 (terminated) unless
-        # overwritten just below by a bootstrap (truncated, or cut by the end of this collect).
-        next_values = np.zeros(n_steps, dtype=np.float64)
-        next_values[:-1] = np.where(episode_ends[:-1], 0.0, values[1:])
-        next_values[truncated_steps] = all_values[n_steps : n_steps + len(truncated_steps)]
-        if cut_by_batch:
-            next_values[-1] = all_values[-1]
-        adv, ret = gae_advantages(rewards, values, next_values, episode_ends, self.gamma, self.lam)
-        batch = {"obs": obs, "act": act, "adv": adv, "ret": ret}
+        first_value = np.cumsum([0, *steps_of_env])
+        next_truncated = n_steps
+        next_cut = n_steps + sum(len(steps) for steps in truncated_steps)
+        advs, rets = [], []
+        for k, n in enumerate(steps_of_env):
+            ends = episode_ends[k, :n].copy()
+            values = all_values[first_value[k] : first_value[k] + n]
+            # Inside an episode the next value is the next step's; at an episode's end it is 0 (terminated) unless
+            # overwritten just below by a bootstrap (truncated, or cut by the end of this collect).
+            next_values = np.zeros(n, dtype=np.float64)
+            next_values[:-1] = np.where(ends[:-1], 0.0, values[1:])
+            next_values[truncated_steps[k]] = all_values[next_truncated : next_truncated + len(truncated_steps[k])]
+            next_truncated += len(truncated_steps[k])
+            if cut_by_batch[k]:
+                ends[-1] = True
+                next_values[-1] = all_values[next_cut]
+                next_cut += 1
+            adv, ret = gae_advantages(rewards[k, :n], values, next_values, ends, self.gamma, self.lam)
+            advs.append(adv)
+            rets.append(ret)
+        batch = {
+            "obs": np.concatenate([obs[k, :n] for k, n in enumerate(steps_of_env)]),
+            "act": np.concatenate([act[k, :n] for k, n in enumerate(steps_of_env)]),
+            "adv": np.concatenate(advs),
+            "ret": np.concatenate(rets),
+        }
         episodes = {
             "ep_return": np.asarray(ep_returns, dtype=np.float64),
             "ep_length": np.asarray(ep_lengths, dtype=np.int64),
@@ -112,19 +148,21 @@ class RolloutWorker:
         return batch, episodes
 
     def episode_state(self) -> dict:
-        """The episode in progress, for a checkpoint: {"obs": (obs_dim,) float32 current observation,
-        "ep_return": float, "ep_length": int so far}. The env's own state is saved separately."""
-        return {"obs": self._obs.copy(), "ep_return": self._ep_return, "ep_length": self._ep_length}
+        """The episodes in progress, for a checkpoint: {"obs": (K, obs_dim) float32 current observations,
+        "ep_return": (K,) float64 and "ep_length": (K,) int64 so far}. The envs' own states are saved separately."""
+        return {"obs": self._obs.copy(), "ep_return": self._ep_return.copy(), "ep_length": self._ep_length.copy()}
 
     def restore_episode(self, state: dict) -> None:
-        """Continue the episode episode_state() saved (after self.env was restored to the same moment)."""
-        self._obs = np.array(state["obs"], dtype=np.float32)
-        self._ep_return = float(state["ep_return"])
-        self._ep_length = int(state["ep_length"])
+        """Continue the episodes episode_state() saved (after self.envs were restored to the same moment); also
+        takes the one-env form of older checkpoints ((obs_dim,) obs, scalar return and length)."""
+        self._obs = np.array(state["obs"], dtype=np.float32).reshape(len(self.envs), self.obs_dim)
+        self._ep_return = np.array(state["ep_return"], dtype=np.float64).reshape(len(self.envs))
+        self._ep_length = np.array(state["ep_length"], dtype=np.int64).reshape(len(self.envs))
 
-    def _reset(self, seed: int | None) -> np.ndarray:
-        """Reset the env; the first observation as float32 (obs_dim,), ValueError if NaN or infinite."""
-        obs, _ = self.env.reset(seed=seed)
+    @staticmethod
+    def _reset(env: gymnasium.Env, seed: int | None) -> np.ndarray:
+        """Reset env; the first observation as float32 (obs_dim,), ValueError if NaN or infinite."""
+        obs, _ = env.reset(seed=seed)
         obs = np.asarray(obs, dtype=np.float32)
         if not np.all(np.isfinite(obs)):
             raise ValueError(f"non-finite observation from env.reset(): {obs}")

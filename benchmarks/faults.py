@@ -268,7 +268,7 @@ def same_value(a: Any, b: Any, depth: int = 0) -> bool:
 def comparable(state: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint with every rank's pickled environment unpickled: two pickles of the same environment may
     differ in bytes (which equal strings pickle shares), not in what they hold."""
-    ranks = [dict(r, env=pickle.loads(r["env"])) if isinstance(r, dict) and "env" in r else r
+    ranks = [dict(r, envs=[pickle.loads(blob) for blob in r["envs"]]) if isinstance(r, dict) and "envs" in r else r
              for r in state.get("ranks") or []]
     return dict(state, ranks=ranks)
 

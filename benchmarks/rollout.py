@@ -10,6 +10,8 @@ What it measures, in one process, on the same env id and seed, for ``--steps`` s
   iteration: a freshly initialized Walker2d 64-64 tanh policy acting through ``NumpyActor`` (observation
   normalization, forward pass, Gaussian sample), action clipping, non-finite checks, episode bookkeeping, one
   batched value pass and GAE at the end; with single-threaded BLAS, as mpi_fork starts every rank;
+- ``rollout_<K>envs``: the same with K envs per rank (``train.py --envs_per_rank K``; ``--envs_per_rank``
+  chooses the Ks, default 2 and 4): the envs step in lockstep and the policy acts on K rows per call;
 - ``actor_only``: ``NumpyActor.act`` on one row per call, ``--steps`` times: the policy's share of ``rollout``.
 
 On a shared machine the load changes within seconds, so the variants are interleaved finely: a round runs
@@ -57,7 +59,13 @@ from scaling import describe_machine, load_average, pretty_command, table, write
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "rollout"
-VARIANTS = ("bare", "bare_sample", "rollout", "actor_only")
+
+
+def variants_of(envs_per_rank: Sequence[int]) -> tuple[str, ...]:
+    """The measured variants, ``rollout_<K>envs`` for each K > 1 of envs_per_rank."""
+    return ("bare", "bare_sample", "rollout", *(f"rollout_{k}envs" for k in envs_per_rank if k > 1), "actor_only")
+
+
 TARGET_RATIO = 0.80
 # What mpi_fork gives every rank. Without it OpenBLAS runs the end-of-rollout value pass on two threads, whose
 # worker then spins for a while and is charged to (and competes with) whatever is measured next.
@@ -88,9 +96,10 @@ def bare_loop(env_id: str, seed: int, steps: int, sample: bool) -> Callable[[], 
     return run
 
 
-def rollout_loop(env_id: str, seed: int, steps: int) -> tuple[Callable[[], int], Callable[[], int]]:
-    """(rollout, actor_only), prepared: each call runs the next ``steps`` steps and returns the episodes ended (0
-    for actor_only). The actor is a fresh ActorCritic's numpy snapshot, as train.py's first iteration uses."""
+def rollout_loop(env_id: str, seed: int, steps: int, n_envs: int = 1) -> tuple[Callable[[], int], Callable[[], int]]:
+    """(rollout, actor_only), prepared: each call runs the next ``steps`` steps (over n_envs envs stepped in
+    lockstep) and returns the episodes ended (0 for actor_only). The actor is a fresh ActorCritic's numpy snapshot,
+    as train.py's first iteration uses."""
     import gymnasium
     import keras
 
@@ -102,7 +111,8 @@ def rollout_loop(env_id: str, seed: int, steps: int) -> tuple[Callable[[], int],
     keras.utils.set_random_seed(seed)
     ac = ActorCritic(env.observation_space.shape[0], env.action_space)
     actor = ac.numpy_actor()
-    worker = RolloutWorker(env, seed=seed, gamma=0.99, lam=0.95)
+    worker = RolloutWorker([env] + [gymnasium.make(env_id) for _ in range(n_envs - 1)], seed=seed, gamma=0.99,
+                           lam=0.95)
     rng = np.random.default_rng(seed)
     obs_rows = np.random.default_rng(seed).normal(size=(steps, 1, env.observation_space.shape[0])).astype(np.float32)
 
@@ -125,11 +135,13 @@ def measure(run: Callable[[], int]) -> tuple[float, float, int]:
     return time.perf_counter() - wall, time.process_time() - cpu, ended
 
 
-def summarize(records: list[dict[str, Any]]) -> tuple[list[list[str]], dict[str, float]]:
-    """Table rows (median over rounds per variant) and the paired ratios rollout / bare."""
+def summarize(records: list[dict[str, Any]], variants: Sequence[str]) -> tuple[list[list[str]], dict[str, float]]:
+    """Table rows (median over rounds per variant) and the paired ratios rollout / bare (and rollout_<K>envs / bare
+    as "wall_<variant>")."""
     rows = []
     best = {}
-    for variant in VARIANTS:
+    multi = [v for v in variants if v.endswith("envs")]
+    for variant in variants:
         mine = [r for r in records if r["variant"] == variant]
         sps = [r["steps_per_s"] for r in mine]
         best[variant] = max(r["best_chunk_steps_per_s"] for r in mine)
@@ -137,13 +149,16 @@ def summarize(records: list[dict[str, Any]]) -> tuple[list[list[str]], dict[str,
                      f"{statistics.median(r['steps_per_cpu_s'] for r in mine):,.0f}", f"{best[variant]:,.0f}",
                      f"{statistics.median(r['us_per_step'] for r in mine):.1f}",
                      f"{statistics.median(r['episodes'] for r in mine):.0f}"])
-    ratios: dict[str, list[float]] = {"wall": [], "cpu": [], "wall_vs_sample": [], "actor_share": []}
+    ratios: dict[str, list[float]] = {"wall": [], "cpu": [], "wall_vs_sample": [], "actor_share": [],
+                                      **{f"wall_{v}": [] for v in multi}}
     for k in sorted({r["round"] for r in records}):
         by = {r["variant"]: r for r in records if r["round"] == k}
         ratios["wall"].append(by["rollout"]["steps_per_s"] / by["bare"]["steps_per_s"])
         ratios["cpu"].append(by["rollout"]["steps_per_cpu_s"] / by["bare"]["steps_per_cpu_s"])
         ratios["wall_vs_sample"].append(by["rollout"]["steps_per_s"] / by["bare_sample"]["steps_per_s"])
         ratios["actor_share"].append(by["actor_only"]["cpu_s"] / by["rollout"]["cpu_s"])
+        for v in multi:
+            ratios[f"wall_{v}"].append(by[v]["steps_per_s"] / by["bare"]["steps_per_s"])
     summary = {}
     for key, values in ratios.items():
         summary[key] = statistics.median(values)
@@ -262,6 +277,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="two-process part: steps per process per measurement (default: %(default)s)")
     parser.add_argument("--par_rounds", type=int, default=10,
                         help="two-process part: rounds, 0 to skip it (default: %(default)s)")
+    parser.add_argument("--envs_per_rank", type=int, nargs="*", default=[2, 4],
+                        help="also measure the rollout with these many envs per rank (default: %(default)s)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="output directory (default: %(default)s)")
     parser.add_argument("--par_worker_index", type=int, default=None, help=argparse.SUPPRESS)  # internal
     return parser.parse_args(argv)
@@ -282,16 +299,20 @@ def main() -> int:
     records: list[dict[str, Any]] = []
     chunks = max(1, args.steps // args.chunk)
     steps = chunks * args.chunk
+    variants = variants_of(args.envs_per_rank)
     for k in range(args.rounds):
         rollout, actor_only = rollout_loop(args.env, args.seed, args.chunk)
         loops = {"bare": bare_loop(args.env, args.seed, args.chunk, sample=False),
                  "bare_sample": bare_loop(args.env, args.seed, args.chunk, sample=True),
                  "rollout": rollout, "actor_only": actor_only}
-        totals = {v: {"wall_s": 0.0, "cpu_s": 0.0, "episodes": 0, "best_s": math.inf} for v in VARIANTS}
+        for n_envs in args.envs_per_rank:
+            if n_envs > 1:
+                loops[f"rollout_{n_envs}envs"] = rollout_loop(args.env, args.seed, args.chunk, n_envs)[0]
+        totals = {v: {"wall_s": 0.0, "cpu_s": 0.0, "episodes": 0, "best_s": math.inf} for v in variants}
         loads = [load_average()]
         for c in range(chunks):
-            shift = (k + c) % len(VARIANTS)
-            for variant in VARIANTS[shift:] + VARIANTS[:shift]:
+            shift = (k + c) % len(variants)
+            for variant in variants[shift:] + variants[:shift]:
                 wall, cpu, episodes = measure(loops[variant])
                 total = totals[variant]
                 total["wall_s"] += wall
@@ -309,13 +330,13 @@ def main() -> int:
                             "us_per_step": total["wall_s"] / steps * 1e6, "episodes": total["episodes"],
                             "load_avg_1min": load})
         by = {r["variant"]: r for r in records if r["round"] == k + 1}
-        print(f"round {k + 1}/{args.rounds}: " + ", ".join(f"{v} {by[v]['steps_per_s']:,.0f}" for v in VARIANTS)
+        print(f"round {k + 1}/{args.rounds}: " + ", ".join(f"{v} {by[v]['steps_per_s']:,.0f}" for v in variants)
               + f" steps/s; rollout/bare {by['rollout']['steps_per_s'] / by['bare']['steps_per_s']:.2f} "
               f"(load {load:.2f})", flush=True)
     par_rows, par = measure_parallel(args) if args.par_rounds > 0 else ([], {})
     wall_s = time.perf_counter() - started
 
-    rows, s = summarize(records)
+    rows, s = summarize(records, variants)
     write_csv(out / "rollout.csv", records)
     if par_rows:
         write_csv(out / "parallel.csv", par_rows)
@@ -345,6 +366,9 @@ def main() -> int:
         f"(rounds {s['wall_vs_sample_min']:.2f}-{s['wall_vs_sample_max']:.2f}); fastest chunks "
         f"{s['best_vs_sample']:.2f}",
         f"- actor_only / rollout, CPU time: {s['actor_share']:.1%} (the policy's share of a rank's rollout)",
+        *[f"- {v} / bare (`--envs_per_rank {v.split('_')[1][:-4]}`, paired by round): **{s['wall_' + v]:.2f}** "
+          f"(rounds {s['wall_' + v + '_min']:.2f}-{s['wall_' + v + '_max']:.2f}); target {TARGET_RATIO:.2f}: "
+          f"{'met' if s['wall_' + v] >= TARGET_RATIO else 'missed'}" for v in variants if v.endswith("envs")],
     ]) + "\n"
     if par:
         par_table = [[v, f"{par[v + '_1']:,.0f}", f"{par[v + '_2']:,.0f}", f"**{par[v]:.0%}**",

@@ -162,21 +162,52 @@ def test_zero_steps_gives_empty_arrays_and_keeps_the_episode():
     assert list(episodes["ep_length"]) == [200]
 
 
-def test_restored_episode_continues_exactly():
-    env = gymnasium.make("CartPole-v1")
-    actor = make_actor(env)
-    worker = RolloutWorker(env, seed=0, gamma=GAMMA, lam=LAM)
+@pytest.mark.parametrize("n_envs", [1, 2])
+def test_restored_episode_continues_exactly(n_envs):
+    envs = [gymnasium.make("CartPole-v1") for _ in range(n_envs)]
+    actor = make_actor(envs[0])
+    worker = RolloutWorker(envs, seed=0, gamma=GAMMA, lam=LAM)
     rng = np.random.default_rng(0)
     worker.collect(30, actor, rng)
-    saved_env, saved_episode = copy.deepcopy(worker.env), copy.deepcopy(worker.episode_state())
+    saved_envs, saved_episode = copy.deepcopy(worker.envs), copy.deepcopy(worker.episode_state())
     saved_rng = copy.deepcopy(rng.bit_generator.state)
     expected = worker.collect(100, actor, rng)
 
-    resumed = RolloutWorker(gymnasium.make("CartPole-v1"), seed=99, gamma=GAMMA, lam=LAM)
-    resumed.env = saved_env
+    resumed = RolloutWorker([gymnasium.make("CartPole-v1") for _ in range(n_envs)], seed=99, gamma=GAMMA, lam=LAM)
+    resumed.envs = saved_envs
     resumed.restore_episode(saved_episode)
     rng.bit_generator.state = saved_rng
     got = resumed.collect(100, actor, rng)
     for want, have in zip(expected, got, strict=True):
         for key in want:
             np.testing.assert_array_equal(want[key], have[key])
+
+
+def test_several_envs_step_in_lockstep_and_each_gets_its_own_gae():
+    recs = [Recorder(gymnasium.make("Pendulum-v1")) for _ in range(3)]
+    actor = make_actor(recs[0], init_log_std=1.0)
+    worker = RolloutWorker(recs, seed=1, gamma=GAMMA, lam=LAM)
+    # Env 0 starts as a one-env worker with the same seed would; the others start elsewhere.
+    alone = RolloutWorker(gymnasium.make("Pendulum-v1"), seed=1, gamma=GAMMA, lam=LAM)
+    start = worker.episode_state()["obs"]
+    np.testing.assert_array_equal(start[0], alone.episode_state()["obs"][0])
+    assert len({tuple(row) for row in start}) == 3
+
+    rng = np.random.default_rng(0)
+    collected = [worker.collect(301, actor, rng) for _ in range(2)]  # 101, 100 and 100 steps per env per call
+    first = [0, 0, 0]
+    for batch, _ in collected:
+        assert batch["obs"].shape == (301, 3) and batch["act"].shape == (301, 1)
+        row = 0
+        for k, n in enumerate([101, 100, 100]):  # env 0's rows first, then env 1's, then env 2's
+            rows = slice(row, row + n)
+            np.testing.assert_array_equal(np.clip(batch["act"][rows], -2.0, 2.0), recs[k].actions[first[k]:][:n])
+            adv, ret = expected_adv_ret(recs[k], first[k], batch["obs"][rows], actor)
+            np.testing.assert_allclose(batch["adv"][rows], adv, rtol=1e-5, atol=1e-4)
+            np.testing.assert_allclose(batch["ret"][rows], ret, rtol=1e-5, atol=1e-4)
+            first[k] += n
+            row += n
+    # Each env finished its first 200-step episode during the second call.
+    episodes = collected[1][1]
+    assert sorted(episodes["ep_length"]) == [200, 200, 200]
+    assert sorted(episodes["ep_return"]) == pytest.approx(sorted(sum(rec.rewards[:200]) for rec in recs))

@@ -133,12 +133,16 @@ def test_same_seed_same_results_other_seed_differs(runs_dir):
     assert reproducible_part(progress(first)) != reproducible_part(progress(other))
 
 
-def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir):
+@pytest.mark.parametrize(("envs_per_rank", "episodes_by_iteration_3"), [(1, 30), (2, 28)])
+def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir, envs_per_rank, episodes_by_iteration_3):
     # The same step budget for both, so the linear learning-rate schedule is the same: the first part stops
-    # on an episode budget instead (Pendulum's episodes all last 200 steps, so 30 end in iteration 3).
-    common = ["Pendulum-v1", "--nprocs", "2", "--checkpoint_every", "3", "--total_steps", "12288"]
-    whole, _ = train(*common, "--logdir", str(runs_dir / "whole"))
-    part, _ = train(*common, "--num_episodes", "30", "--logdir", str(runs_dir / "part"))
+    # on an episode budget instead (Pendulum's episodes all last 200 steps; after iteration 3 each of the 2 x 1
+    # envs has run 3072 steps, 15 episodes, and each of the 2 x 2 envs 1536 steps, 7 episodes).
+    common = ["Pendulum-v1", "--nprocs", "2", "--envs_per_rank", str(envs_per_rank), "--checkpoint_every", "3",
+              "--total_steps", "12288"]
+    whole, _ = train(*common, "--logdir", str(runs_dir / f"whole{envs_per_rank}"))
+    part, _ = train(*common, "--num_episodes", str(episodes_by_iteration_3),
+                    "--logdir", str(runs_dir / f"part{envs_per_rank}"))
     resumed, out = train("--resume", str(part), "--nprocs", "2", "--num_episodes", "1000")
     assert resumed == part
     assert "from ckpt_00000003.pkl: iteration 3, step 6144" in out
@@ -181,6 +185,9 @@ BAD_INPUTS = [
     (["CartPole-v1", "--gpu_pct", "1.5"], "--gpu_pct must be in [0, 1]"),
     (["CartPole-v1", "--gpu_pct", "-0.1"], "--gpu_pct must be in [0, 1]"),
     (["CartPole-v1", "--nprocs", "4", "--batch_size", "3"], "--batch_size 3 is smaller than --nprocs 4"),
+    (["CartPole-v1", "--nprocs", "2", "--envs_per_rank", "3", "--batch_size", "5"],
+     "--batch_size 5 is smaller than --nprocs x --envs_per_rank (2 x 3)"),
+    (["CartPole-v1", "--envs_per_rank", "0"], "--envs_per_rank must be at least 1, got 0"),
     (["CartPole-v1", "--total_steps", "0"], "--total_steps must be at least 1"),
     (["CartPole-v1", "--num_episodes", "-5"], "--num_episodes must be at least 1"),
     (["CartPole-v1", "--gamma", "1.5"], "--gamma must be in (0, 1]"),
