@@ -9,7 +9,7 @@ import numpy as np
 
 from algos import PPO, ActorCritic, PPOConfig, RolloutWorker
 
-STAT_KEYS = {"pi_loss", "v_loss", "entropy", "kl", "clip_frac", "epochs", "explained_var"}
+STAT_KEYS = {"pi_loss", "v_loss", "entropy", "kl", "clip_frac", "epochs", "explained_var", "lr"}
 
 
 def make_learner(seed: int, cfg: PPOConfig | None = None) -> tuple[ActorCritic, PPO]:
@@ -36,6 +36,9 @@ def test_one_update_returns_finite_stats_and_updates_normalizers():
     assert set(stats) == STAT_KEYS
     assert all(isinstance(v, float) and np.isfinite(v) for v in stats.values()), stats
     assert 1 <= stats["epochs"] <= 10 and stats["kl"] >= 0.0
+    assert stats["lr"] == np.float32(3e-4)
+    ppo.set_learning_rate(1e-4)
+    assert update(ppo, batch)["lr"] == np.float32(1e-4)
     assert any(not np.array_equal(b, v.numpy()) for b, v in zip(before, ac.variables(), strict=True))
     np.testing.assert_allclose(ac.obs_rms.mean, batch["obs"].mean(axis=0), rtol=1e-3, atol=1e-6)
     np.testing.assert_allclose(ac.ret_rms.mean, [batch["ret"].mean()], rtol=1e-3)
