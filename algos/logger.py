@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import csv
 import math
+import os
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
+
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.summary.writer.record_writer import RecordWriter
 
 # Columns of the console line: (key in the logged row, header, width, format spec). The CSV and TensorBoard
 # get every key.
@@ -58,9 +64,7 @@ class RunLogger:
         self._lines_printed = 0
         self._started = time.monotonic()
         self._start_steps: int | None = None
-        import tensorflow as tf
-
-        self._tb = tf.summary.create_file_writer(str(run_dir / "tb"))
+        self._tb = TensorBoardWriter(run_dir / "tb")
 
     def truncate_after(self, iteration: int) -> None:
         """Drop CSV rows after ``iteration`` (a resumed run redoes them from its checkpoint)."""
@@ -83,13 +87,9 @@ class RunLogger:
                 csv.writer(f).writerow(self._columns)
         with open(self._csv_path, "a", newline="") as f:
             csv.DictWriter(f, fieldnames=self._columns, extrasaction="ignore").writerow(row)
-        import tensorflow as tf
-
-        with self._tb.as_default(step=int(row["total_steps"])):
-            for key, value in row.items():
-                if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
-                    tf.summary.scalar(key, value)
-        self._tb.flush()
+        self._tb.write_scalars(int(row["total_steps"]), {
+            key: value for key, value in row.items()
+            if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value))})
         self._print(row)
 
     def _print(self, row: dict[str, Any]) -> None:
@@ -120,3 +120,34 @@ class RunLogger:
             self.out.write("\n")
             self.out.flush()
         self._tb.close()
+
+
+class TensorBoardWriter:
+    """Scalars to a TensorBoard event file in ``log_dir``, written and flushed in the calling thread.
+
+    Not tf.summary: its 20-odd eager ops and its flush through TensorFlow's writer thread cost rank 0 about 5 ms
+    per iteration, and about 60 ms of wall clock at 8 ranks on 2 cores, where every hand-off to another thread
+    waits for a time slice among the busy workers. One event of plain ``simple_value`` scalars per call is what
+    TensorBoard's scalar dashboard reads, and needs no TensorFlow.
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        # TensorBoard reads every file whose name holds "tfevents"; time, host and pid keep a resumed run's new
+        # file apart from the old ones.
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
+        self.path = log_dir / name
+        self._records = RecordWriter(open(self.path, "wb"))
+        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def write_scalars(self, step: int, values: dict[str, float]) -> None:
+        """One event at ``step`` holding every ``{tag: value}``, flushed to the file."""
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value)) for tag, value in values.items()])
+        self._write(Event(wall_time=time.time(), step=step, summary=summary))
+
+    def _write(self, event: Event) -> None:
+        self._records.write(event.SerializeToString())
+        self._records.flush()
+
+    def close(self) -> None:
+        self._records.close()

@@ -83,6 +83,19 @@ def test_run_directory_has_config_csv_tensorboard_checkpoints_plot(learned_runs)
     assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_tensorboard_reads_every_logged_value(learned_runs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = learned_runs[("CartPole-v1", "ppo")]
+    rows = progress(run_dir)
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0}).Reload()
+    for tag in ("ep_return_mean", "kl", "lr", "t_update", "total_episodes"):
+        logged = events.Scalars(tag)
+        assert [e.step for e in logged] == [int(r["total_steps"]) for r in rows]
+        # Event files hold float32.
+        assert [e.value for e in logged] == pytest.approx([float(r[tag]) for r in rows], rel=1e-6)
+
+
 def test_ppo_learning_rate_decays_linearly_over_the_step_budget(learned_runs):
     rows = progress(learned_runs[("CartPole-v1", "ppo")])
     lrs = [float(r["lr"]) for r in rows]
