@@ -136,8 +136,7 @@ class TensorBoardWriter:
         # TensorBoard reads every file whose name holds "tfevents"; time, host and pid keep a resumed run's new
         # file apart from the old ones.
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
-        self.path = log_dir / name
-        self._records = RecordWriter(open(self.path, "wb"))
+        self._records = RecordWriter(open(log_dir / name, "wb"))
         self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def write_scalars(self, step: int, values: dict[str, float]) -> None:
