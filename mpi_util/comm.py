@@ -6,7 +6,8 @@ collective in ``mpi_util`` takes two rounds: ranks exchange a fixed-size digest 
 dtypes, keys) in a non-blocking all-gather polled with short, growing sleeps, which is where they wait for
 each other; then, all present, the data moves in one blocking buffer-based operation (blocking there is
 short, and large messages move in chunks that need every rank polling without pause). Each round on
-oversubscribed cores costs milliseconds, so rounds are kept few.
+oversubscribed cores costs milliseconds, so rounds are kept few. Over COMM_WORLD on one host, the first round
+waits on a shared-memory doorbell instead of timed sleeps (mpi_util/wakeup.py): asleep until the others arrive.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import array
 import fcntl
 import hashlib
+import math
 import os
 import stat
 import sys
@@ -24,6 +26,8 @@ from typing import Any
 
 import numpy as np
 from mpi4py import MPI
+
+from .wakeup import Doorbell, doorbell_supported
 
 COMM_WORLD: MPI.Comm = MPI.COMM_WORLD
 rank: int = COMM_WORLD.Get_rank()
@@ -144,11 +148,64 @@ def wait_without_spinning(requests: MPI.Request | list[MPI.Request], what: str, 
         sleep_s = min(2 * sleep_s, _POLL_MAX_SLEEP_S)
 
 
+_doorbell: Doorbell | None = None
+_doorbell_decided = False
+
+
+def _is_world(comm: MPI.Comm) -> bool:
+    return comm.Get_size() > 1 and (comm is COMM_WORLD or comm == COMM_WORLD)
+
+
+def _decide_doorbell() -> None:
+    """Create COMM_WORLD's doorbell if every rank can use it: all on one host, all on a platform with futexes.
+
+    Called by every rank right after its first collective over COMM_WORLD completes, so all ranks are together and
+    the blocking collectives here (which busy-poll) are short.
+    """
+    global _doorbell, _doorbell_decided
+    _doorbell_decided = True
+    node_comm = COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    usable = int(doorbell_supported() and node_comm.Get_size() == COMM_WORLD.Get_size())
+    node_comm.Free()
+    if COMM_WORLD.allreduce(usable, op=MPI.MIN):
+        _doorbell = Doorbell(COMM_WORLD)
+
+
+def _wait_collective(comm: MPI.Comm, post: Any, what: str, sequence: int) -> None:
+    """Post a non-blocking collective over ``comm`` (``post()`` returns its request) and wait for it to complete.
+
+    Over COMM_WORLD with a doorbell: ring it, then sleep until rung while some rank has not arrived, and poll once
+    all have. Otherwise timed polling (wait_without_spinning).
+    """
+    doorbell = _doorbell if _is_world(comm) else None
+    request = post()
+    if doorbell is None:
+        wait_without_spinning(request, what, sequence)
+        if _is_world(comm) and not _doorbell_decided:
+            _decide_doorbell()
+        return
+    arrival = doorbell.ring()
+    started = time.monotonic()
+    while time.monotonic() - started < _POLL_SPIN_S:
+        if request.Test():
+            return
+    sleep_s = _POLL_FIRST_SLEEP_S
+    while not request.Test():
+        waited = time.monotonic() - started
+        if _stall_timeout_s is not None and waited > _stall_timeout_s:
+            raise CollectiveStallError(_stall_message(what, sequence))
+        if doorbell.all_arrived(arrival):
+            time.sleep(sleep_s)
+            sleep_s = min(2 * sleep_s, _POLL_MAX_SLEEP_S)
+        else:
+            doorbell.sleep_until_rung(arrival, math.inf if _stall_timeout_s is None else _stall_timeout_s - waited)
+
+
 def meet(comm: MPI.Comm, what: str) -> None:
     """Block until every rank of ``comm`` has called ``meet``, without spinning the CPU."""
     if comm.Get_size() > 1:
         sequence = _enter_collective(what)
-        wait_without_spinning(comm.Ibarrier(), what, sequence)
+        _wait_collective(comm, comm.Ibarrier, what, sequence)
 
 
 def print0(*args: Any, comm: MPI.Comm | None = None, **kwargs: Any) -> None:
@@ -185,7 +242,7 @@ def exchange_int64(comm: MPI.Comm, values: list[int], what: str) -> np.ndarray:
     mine = np.array(values, dtype=np.int64)
     everyone = np.empty((comm.Get_size(), len(values)), dtype=np.int64)
     sequence = _enter_collective(what)
-    wait_without_spinning(comm.Iallgather(mine, everyone), what, sequence)
+    _wait_collective(comm, lambda: comm.Iallgather(mine, everyone), what, sequence)
     return everyone
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from mpi_util import rank_seed
+from mpi_util.wakeup import doorbell_supported
 
 SIZES = [1, 2, 3]
 
@@ -18,9 +19,10 @@ def load(path) -> dict[str, np.ndarray]:
         return {key: data[key] for key in data.files}
 
 
-@pytest.mark.parametrize("nprocs", SIZES)
-def test_gather_equals_concatenation_in_rank_order(run_mpi, tmp_path, nprocs):
-    run_mpi(nprocs, "gather_cases.py", str(tmp_path))
+@pytest.mark.parametrize(("nprocs", "wait"), [(n, "") for n in SIZES] + [(3, "poll")])
+def test_gather_equals_concatenation_in_rank_order(run_mpi, tmp_path, nprocs, wait):
+    # wait "poll": the timed polling that collectives fall back to where the doorbell cannot be used.
+    run_mpi(nprocs, "gather_cases.py", str(tmp_path), env={"MPI_UTIL_WAIT": wait})
     for case in ("mixed_dtypes", "zero_rows_on_rank1", "all_zero_rows", "large"):
         inputs = [load(tmp_path / f"{case}_in_{r}.npz") for r in range(nprocs)]
         gathered = load(tmp_path / f"{case}_out_0.npz")
@@ -36,9 +38,9 @@ def test_gather_equals_concatenation_in_rank_order(run_mpi, tmp_path, nprocs):
                 assert returned[key].tobytes() == inputs[r][key].tobytes(), (case, key, r)
 
 
-@pytest.mark.parametrize("nprocs", SIZES)
-def test_bcast_numpy_is_bit_exact(run_mpi, tmp_path, nprocs):
-    run_mpi(nprocs, "bcast_cases.py", str(tmp_path))
+@pytest.mark.parametrize(("nprocs", "wait"), [(n, "") for n in SIZES] + [(3, "poll")])
+def test_bcast_numpy_is_bit_exact(run_mpi, tmp_path, nprocs, wait):
+    run_mpi(nprocs, "bcast_cases.py", str(tmp_path), env={"MPI_UTIL_WAIT": wait})
     check_bcast(tmp_path, nprocs, ["numpy_list"])
 
 
@@ -106,14 +108,19 @@ def test_rank_seed_independent_of_world_size():
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
-def test_waiting_rank_does_not_spin(run_mpi, tmp_path, nprocs):
-    run_mpi(nprocs, "waiting_cpu.py", "2.0", str(tmp_path))
+@pytest.mark.parametrize("wait", ["doorbell", "poll"])
+def test_waiting_rank_does_not_spin(run_mpi, tmp_path, nprocs, wait):
+    if wait == "doorbell" and not doorbell_supported():
+        pytest.skip("the doorbell needs Linux futexes on x86-64 or aarch64")
+    run_mpi(nprocs, "waiting_cpu.py", "2.0", str(tmp_path), env={"MPI_UTIL_WAIT": wait})
     for r in range(1, nprocs):
         report = json.loads((tmp_path / f"cpu_{r}.json").read_text())
-        for name in ("rank0_accum_batches", "rank0_bcast_wts"):
-            assert report[name]["wall_s"] > 1.5, report  # it really waited for rank 0
-            # A busy-polling wait would burn ~2 s of CPU here; the sleeping poll burns a few tens of ms.
-            assert report[name]["cpu_s"] < 0.3, report
+        assert report.pop("doorbell") == (wait == "doorbell"), report
+        for waited in report.values():
+            assert waited["wall_s"] > 1.5, report  # it really waited for rank 0
+            # A busy-polling wait would burn ~2 s of CPU here; the timed poll (a wake-up every millisecond) burns
+            # about 40 ms, the doorbell (asleep until rung, a wake-up every 0.25 s) under 5 ms.
+            assert waited["cpu_s"] < (0.02 if wait == "doorbell" else 0.3), report
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])

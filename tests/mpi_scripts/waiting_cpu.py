@@ -1,5 +1,5 @@
 """Rank 0 works (sleeps) argv[1] seconds before each collective; every rank writes the CPU time it burned waiting
-to argv[2]/cpu_RANK.json."""
+to argv[2]/cpu_RANK.json, and whether its collectives went through the doorbell (mpi_util/wakeup.py)."""
 
 import json
 import sys
@@ -9,17 +9,22 @@ from pathlib import Path
 import numpy as np
 
 import mpi_util
+from mpi_util import comm
 
 busy_s = float(sys.argv[1])
 rank = mpi_util.rank
-cpu = {}
-for name in ("rank0_accum_batches", "rank0_bcast_wts"):
+# The doorbell is set up once the ranks have met in a first collective over COMM_WORLD.
+mpi_util.meet(mpi_util.COMM_WORLD, "warm-up")
+cpu = {"doorbell": comm._doorbell is not None}
+for name in ("rank0_accum_batches", "rank0_bcast_wts", "meet"):
     if rank == 0:
         time.sleep(busy_s)  # stands in for rank 0's update
     wall, started = time.perf_counter(), time.process_time()
     if name == "rank0_accum_batches":
         mpi_util.rank0_accum_batches({"x": np.zeros((1000, 17), np.float32)})
-    else:
+    elif name == "rank0_bcast_wts":
         mpi_util.rank0_bcast_wts([np.zeros(40_000, np.float32)])
+    else:
+        mpi_util.meet(mpi_util.COMM_WORLD, "after rank 0's work")
     cpu[name] = {"cpu_s": time.process_time() - started, "wall_s": time.perf_counter() - wall}
 (Path(sys.argv[2]) / f"cpu_{rank}.json").write_text(json.dumps(cpu))
