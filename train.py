@@ -50,6 +50,10 @@ class TrainConfig:
     """Environment steps per iteration, all ranks together."""
     envs_per_rank: int = 1
     """Environments each rank steps in lockstep, acting on all of them with one batched forward pass."""
+    batch_split: str = "even"
+    """How ranks share the batch: "even" (batch_size / nprocs steps each; same seed, same results) or "shared"
+    (ranks draw steps from one budget until the batch is full, so a rank the machine slows down does fewer; faster
+    on busy or oversubscribed machines, not reproducible bit for bit; every rank on one host)."""
     gamma: float = 0.99
     """Discount factor."""
     lam: float = 0.95
@@ -102,6 +106,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--envs_per_rank", type=int, default=defaults["envs_per_rank"],
                         help="environments each process steps in lockstep with one batched policy call; more "
                              "spreads the policy's per-call cost (default: %(default)s)")
+    parser.add_argument("--batch_split", choices=["even", "shared"], default=defaults["batch_split"],
+                        help="'even': every process runs batch_size / nprocs steps (the same seed gives the same "
+                             "results); 'shared': processes draw steps from one shared budget until the batch is "
+                             "full, so none waits for a slowed-down one (faster when processes share cores or the "
+                             "machine is busy; not reproducible bit for bit; one host only) (default: %(default)s)")
     parser.add_argument("-g", "--gamma", type=float, default=defaults["gamma"],
                         help="discount factor, in (0, 1] (default: %(default)s)")
     parser.add_argument("-l", "--lam", type=float, default=defaults["lam"],
@@ -197,6 +206,7 @@ def load_saved_config(run_dir: Path) -> dict:
     saved["hidden"] = tuple(saved["hidden"])
     saved.setdefault("lr_schedule", "constant")  # runs from before the schedule existed had a constant lr
     saved.setdefault("envs_per_rank", 1)
+    saved.setdefault("batch_split", "even")
     return saved
 
 
@@ -231,6 +241,7 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
         config.total_steps = args.total_steps if "--total_steps" in sys.argv else config.total_steps
         config.num_episodes = args.num_episodes if args.num_episodes is not None else config.num_episodes
         config.check_sync = args.check_sync or config.check_sync
+        config.batch_split = args.batch_split if "--batch_split" in sys.argv else config.batch_split
         config.stall_timeout = args.stall_timeout
     else:
         if not args.env_name:
@@ -238,7 +249,7 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
         config = TrainConfig(
             env_id=resolve_env_id(args.env_name), algo=args.algo, nprocs=nprocs, gpu_pct=args.gpu_pct,
             total_steps=args.total_steps, num_episodes=args.num_episodes, batch_size=args.batch_size,
-            envs_per_rank=args.envs_per_rank,
+            envs_per_rank=args.envs_per_rank, batch_split=args.batch_split,
             gamma=args.gamma, lam=args.lam, kl_targ=args.kl_targ, hidden=hidden, lr=args.lr,
             lr_schedule=args.lr_schedule, epochs=args.epochs,
             minibatch_size=args.minibatch_size, seed=args.seed, checkpoint_every=args.checkpoint_every,
@@ -447,6 +458,13 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     broadcast_state = [*ac.broadcast_state(), counters]
     mpi_util.rank0_bcast_wts(broadcast_state)  # every rank starts from rank 0's weights and counters
     my_steps = steps_of_rank(config.batch_size, nprocs, rank)
+    budget = None
+    if config.batch_split == "shared" and nprocs > 1:
+        try:
+            budget = mpi_util.SharedBudget(config.batch_size)
+        except ValueError as error:
+            mpi_util.abort(f"train.py: error: --batch_split shared: {error}")
+        my_steps = config.batch_size  # the most one rank may draw
     started = time.monotonic()
 
     def checkpoint() -> None:
@@ -471,11 +489,15 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
 
     while not counters[3]:
         t0 = time.monotonic()
-        batch, episodes = worker.collect(my_steps, ac.numpy_actor(), action_rng)
+        batch, episodes = worker.collect(my_steps, ac.numpy_actor(), action_rng, budget.take if budget else None)
         t1 = time.monotonic()
         batch = mpi_util.rank0_accum_batches(batch)
         episodes = mpi_util.rank0_accum_batches(episodes)
         t2 = time.monotonic()
+        if budget is not None and rank == 0:
+            budget.refill()  # every rank has stopped drawing (it is past the gather); none starts before the bcast
+        if rank == 0 and len(batch["adv"]) != config.batch_size:
+            raise RuntimeError(f"gathered {len(batch['adv'])} steps, expected --batch_size {config.batch_size}")
         stats: dict[str, float] = {}
         if rank == 0:
             if config.algo == "ppo" and config.lr_schedule == "linear":

@@ -13,6 +13,7 @@ The recipe, run by every rank::
 """
 
 from .bcast import WeightMismatchError, rank0_bcast_wts
+from .budget import SharedBudget
 from .comm import (
     COMM_WORLD,
     CollectiveStallError,
@@ -39,6 +40,7 @@ __all__ = [
     "CollectiveStallError",
     "ForkResult",
     "MpiexecNotFoundError",
+    "SharedBudget",
     "WeightMismatchError",
     "abort",
     "all_mean",

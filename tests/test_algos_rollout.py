@@ -211,3 +211,28 @@ def test_several_envs_step_in_lockstep_and_each_gets_its_own_gae():
     episodes = collected[1][1]
     assert sorted(episodes["ep_length"]) == [200, 200, 200]
     assert sorted(episodes["ep_return"]) == pytest.approx(sorted(sum(rec.rewards[:200]) for rec in recs))
+
+
+@pytest.mark.parametrize(("n_envs", "budget"), [(1, 100), (3, 37), (3, 48), (2, 0)])
+def test_collect_from_a_shared_budget_equals_collecting_that_many_steps(n_envs, budget):
+    """take() hands out steps in pieces (here from a plain counter standing in for mpi_util.SharedBudget): the
+    batch is the one an even collect of the same number of steps gives, bit for bit."""
+    def make_worker():
+        return RolloutWorker([gymnasium.make("Pendulum-v1") for _ in range(n_envs)], seed=3, gamma=GAMMA, lam=LAM)
+
+    actor = make_actor(gymnasium.make("Pendulum-v1"))
+    left = [budget]
+    asked = []
+
+    def take(n: int) -> int:
+        asked.append(n)
+        got = min(n, left[0])
+        left[0] -= got
+        return got
+
+    from_budget = make_worker().collect(500, actor, np.random.default_rng(0), take)
+    even = make_worker().collect(budget, actor, np.random.default_rng(0))
+    assert left[0] == 0 and len(asked) == budget // (16 * n_envs) + 1  # pieces of 16 lockstep steps
+    for got, want in zip(from_budget, even, strict=True):
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key])

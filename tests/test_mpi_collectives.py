@@ -107,6 +107,25 @@ def test_rank_seed_independent_of_world_size():
         rank_seed(-1, 0)
 
 
+@pytest.mark.parametrize("nprocs", SIZES)
+def test_shared_budget_hands_out_exactly_its_total(run_mpi, tmp_path, nprocs):
+    run_mpi(nprocs, "budget_cases.py", str(tmp_path))
+    per_rank = [load(tmp_path / f"budget_{r}.npz") for r in range(nprocs)]
+    for round_index, total in enumerate([100_000, 1000, 1, 0]):
+        handed_out = 0
+        for saved in per_rank:
+            asked, got = saved[f"asked_{round_index}"], saved[f"got_{round_index}"]
+            assert np.all((0 <= got) & (got <= asked))
+            # Each rank takes until a take comes back short; after that every take gets nothing.
+            assert np.all(got[:-2] == asked[:-2]) and got[-2] < asked[-2] and got[-1] == 0
+            handed_out += int(got.sum())
+        assert handed_out == total, round_index
+    if nprocs > 1:  # the ranks really shared the unit-by-unit round
+        assert all(int(saved["got_0"].sum()) > 0 for saved in per_rank)
+    # Rank 0 refilled the 1000 after round 1; every rank takes from that refill at the end.
+    assert sum(int(saved["after_refill"][0]) for saved in per_rank) == 1000
+
+
 @pytest.mark.parametrize("nprocs", [2, 3])
 @pytest.mark.parametrize("wait", ["doorbell", "poll"])
 def test_waiting_rank_does_not_spin(run_mpi, tmp_path, nprocs, wait):

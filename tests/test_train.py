@@ -137,6 +137,19 @@ def test_weights_identical_on_every_rank_each_iteration(runs_dir, nprocs):
     assert all(r["sync_ok"] == "1.0" for r in rows)
 
 
+def test_shared_batch_split_fills_every_batch_and_keeps_ranks_in_sync(runs_dir):
+    # 3 ranks on 2 cores draw a 2000-step batch from one budget: train.py checks that rank 0 gathers exactly
+    # 2000 steps every iteration, and --check_sync that every rank holds the same weights afterwards.
+    run_dir, _ = train("Pendulum-v1", "--nprocs", "3", "--batch_split", "shared", "--total_steps", "6000",
+                       "--batch_size", "2000", "--check_sync", "--logdir", str(runs_dir / "shared_split"))
+    rows = progress(run_dir)
+    assert [int(r["total_steps"]) for r in rows] == [2000, 4000, 6000]
+    assert all(r["sync_ok"] == "1.0" for r in rows)
+    # Pendulum's episodes last 200 steps: of 6000 steps on 3 envs, each env leaves at most 199 in an unfinished one.
+    assert 28 <= int(rows[-1]["total_episodes"]) <= 30
+    assert json.loads((run_dir / "config.json").read_text())["batch_split"] == "shared"
+
+
 def test_same_seed_same_results_other_seed_differs(runs_dir):
     common = ["Pendulum-v1", "--algo", "trpo", "--nprocs", "2", "--total_steps", "6144"]
     first, _ = train(*common, "--logdir", str(runs_dir / "det1"))
