@@ -1,0 +1,151 @@
+"""train.py variants side by side: interleaved runs of each variant at each --nprocs, and their ratios.
+
+A variant is ``NAME=ARGS``: ARGS are extra train.py arguments, except words of the form ``VAR=value``, which go to
+the run's environment. The first variant is the baseline. For example::
+
+    .venv/bin/python benchmarks/variants.py --nprocs 2 8 --repeats 3 "poll=MPI_UTIL_WAIT=poll" "doorbell="
+    .venv/bin/python benchmarks/variants.py --nprocs 2 8 --repeats 3 "even=" "shared=--batch_split shared"
+
+Each run is ``train.py ENV --nprocs N --total_steps B`` plus the variant, summarized as benchmarks/scaling.py does
+(steps/s and the time split per iteration after the warm-up). Within a repeat the variants run back to back at each
+N, in an order that alternates from repeat to repeat, so the load of a shared machine hits them alike; the ratio
+variant / baseline is taken within a repeat, then the median over repeats.
+
+Writes runs.csv (every run) and results.md (the table, with command, machine, date and load averages) to ``--out``
+(default benchmarks/results/variants/) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scaling import (
+    TIME_KEYS,
+    fmt,
+    load_average,
+    machine_lines,
+    median,
+    pretty_command,
+    run_train,
+    summarize_run,
+    table,
+    write_csv,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def parse_variant(text: str) -> tuple[str, list[str], dict[str, str]]:
+    """"NAME=ARGS" -> (name, train.py arguments, environment settings)."""
+    name, sep, rest = text.partition("=")
+    if not sep or not name:
+        raise SystemExit(f"variants.py: error: a variant is NAME=ARGS (ARGS may be empty), got {text!r}")
+    args, env = [], {}
+    for word in shlex.split(rest):
+        if "=" in word and not word.startswith("-") and word.split("=", 1)[0].isidentifier():
+            key, value = word.split("=", 1)
+            env[key] = value
+        else:
+            args.append(word)
+    return name, args, env
+
+
+def run_variant(env_id: str, nprocs: int, total_steps: int, workdir: Path, timeout_s: float, args: list[str],
+                env: dict[str, str]) -> Any:
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        return run_train(env_id, nprocs, total_steps, workdir, timeout_s, args)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variants", nargs="+", help="NAME=ARGS, the first is the baseline (see above)")
+    parser.add_argument("--env", default="Walker2d-v5", help="gymnasium env id (default: %(default)s)")
+    parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 8], help="process counts (default: %(default)s)")
+    parser.add_argument("--total_steps", type=int, default=40_960,
+                        help="step budget of each run (default: %(default)s = 20 iterations of 2048)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per variant and process count "
+                        "(default: %(default)s)")
+    parser.add_argument("--warmup", type=int, default=2, help="first iterations left out (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take (default: %(default)s)")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "variants"),
+                        help="output directory (default: %(default)s)")
+    return parser.parse_args(argv)
+
+
+def main() -> int:
+    args = parse_args()
+    variants = [parse_variant(text) for text in args.variants]
+    names = [name for name, _, _ in variants]
+    if len(set(names)) != len(names) or len(variants) < 2:
+        raise SystemExit("variants.py: error: give at least two variants with different names")
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cores = os.cpu_count() or 1
+    command = pretty_command()
+    workroot = Path(tempfile.mkdtemp(prefix="bench_variants_", dir="/tmp"))
+    started = time.perf_counter()
+    runs: list[dict[str, Any]] = []
+    try:
+        for repeat in range(args.repeats):
+            order = variants if repeat % 2 == 0 else list(reversed(variants))
+            for nprocs in args.nprocs:
+                for name, train_args, env in order:
+                    print(f"variants: repeat {repeat + 1}/{args.repeats}, {nprocs} processes, {name} "
+                          f"(load {load_average():.2f}) ...", flush=True)
+                    run = run_variant(args.env, nprocs, args.total_steps, workroot / f"r{repeat}_n{nprocs}_{name}",
+                                      args.timeout, train_args, env)
+                    summary = {"variant": name, "repeat": repeat + 1,
+                               **summarize_run(run, args.warmup, tail=1, cores=cores)}
+                    runs.append(summary)
+                    print(f"  {summary['steps_per_s']:,.0f} steps/s, split "
+                          + " ".join(f"{key[2:]} {summary[key]:.4f}" for key in TIME_KEYS), flush=True)
+    finally:
+        shutil.rmtree(workroot, ignore_errors=True)
+    wall_s = time.perf_counter() - started
+
+    by_key = {(r["variant"], r["repeat"], r["nprocs"]): r for r in runs}
+    rows = []
+    for nprocs in args.nprocs:
+        for name in names:
+            mine = [r for r in runs if r["variant"] == name and r["nprocs"] == nprocs]
+            ratios = [r["steps_per_s"] / by_key[(names[0], r["repeat"], nprocs)]["steps_per_s"] for r in mine]
+            rows.append([nprocs, name, fmt(median([r["steps_per_s"] for r in mine])),
+                         *(fmt(median([r[key] for r in mine]), 4) for key in TIME_KEYS),
+                         f"{median(ratios):.2f}x", ", ".join(f"{x:.2f}" for x in ratios)])
+    write_csv(out / "runs.csv", runs)
+    loads = ", ".join(f"r{r['repeat']} n{r['nprocs']} {r['variant']}: {r['load_before']:.2f}" for r in runs)
+    header = machine_lines(command, wall_s, loads)
+    header.insert(1, f"- runs: `train.py {args.env} --nprocs N --total_steps {args.total_steps}` plus each variant: "
+                  + "; ".join(f"{name}: `{shlex.join(a) or '(nothing)'}`"
+                              + (f" with {' '.join(f'{k}={v}' for k, v in e.items())}" if e else "")
+                              for name, a, e in variants)
+                  + f"; {args.repeats} interleaved repeat(s); warm-up {args.warmup} iteration(s) left out")
+    markdown = "\n".join(header) + "\n\nMedians over repeats (seconds per iteration, rank 0); ratio = steps/s / the " \
+        f"baseline's ({names[0]}), paired within a repeat:\n\n" + table(
+            ["nprocs", "variant", "steps/s", "rollout", "gather", "update", "bcast", f"vs {names[0]}",
+             "ratio per repeat"], rows) + "\n"
+    (out / "results.md").write_text(markdown)
+    print()
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
