@@ -28,7 +28,9 @@ steps of the bare loop or of the rollout, either one of them alone or both at th
 after both are ready); the aggregate rate is the steps of all of them over the slowest one's time, as a synchronous
 gather sees it. Two-process efficiency = aggregate rate of two / (2 x rate of one), paired within a round, median
 over ``--par_rounds`` rounds. The bare loop's efficiency is the ceiling the machine puts on train.py's
-sampling-phase parallel efficiency at 2 processes (benchmarks/scaling.py), whatever the software does.
+sampling-phase parallel efficiency at 2 processes (benchmarks/scaling.py), whatever the software does. In the same
+rounds ``--oversub`` processes (default 8) run at once, sharing the two processes' total steps: their aggregate rate
+over two processes' is the machine's ceiling for ``--nprocs 8`` against ``--nprocs 2`` in the sampling phase.
 
 Run from the repository root (about 3 minutes on 2 cores)::
 
@@ -193,15 +195,17 @@ def parallel_worker(args: argparse.Namespace) -> int:
 
 
 class Workers:
-    """Two parallel_worker processes driven through pipes; every read is bounded by ``timeout_s``."""
+    """``count`` parallel_worker processes of ``steps`` steps each, driven through pipes; every read is bounded by
+    ``timeout_s``."""
 
-    def __init__(self, args: argparse.Namespace, timeout_s: float) -> None:
+    def __init__(self, args: argparse.Namespace, timeout_s: float, count: int = 2, steps: int | None = None) -> None:
         self.timeout_s = timeout_s
         self.procs = [
             subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--par_worker_index", str(i),
-                              "--env", args.env, "--seed", str(args.seed), "--par_steps", str(args.par_steps)],
+                              "--env", args.env, "--seed", str(args.seed),
+                              "--par_steps", str(steps or args.par_steps)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
-            for i in range(2)
+            for i in range(count)
         ]
         for proc in self.procs:
             if self._read(proc) != "ready":
@@ -233,9 +237,12 @@ class Workers:
 
 
 def measure_parallel(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Rounds of (one alone, both at once) for the bare loop and the rollout; rows and median efficiencies."""
+    """Rounds of (one alone, both at once, and --oversub at once doing the same total work as two) for the bare
+    loop and the rollout; rows and median efficiencies (two / 2 x one) and oversubscription ratios (N / two)."""
     rows: list[dict[str, Any]] = []
     workers = Workers(args, timeout_s=300.0)
+    over_steps = 2 * args.par_steps // max(args.oversub, 1)
+    crowd = Workers(args, timeout_s=300.0, count=args.oversub, steps=over_steps) if args.oversub > 2 else None
     try:
         for k in range(args.par_rounds):
             for variant in ("bare", "rollout"):
@@ -248,12 +255,23 @@ def measure_parallel(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
                                  "slowest_wall_s": max(walls), "aggregate_steps_per_s": rates[n],
                                  "load_avg_1min": load})
                 rows[-1]["efficiency"] = rows[-2]["efficiency"] = rates[2] / (2 * rates[1])
+                if crowd is not None:
+                    load = load_average()
+                    walls = crowd.run(variant, args.oversub)
+                    rate = args.oversub * over_steps / max(walls)
+                    rows.append({"round": k + 1, "variant": variant, "processes": args.oversub,
+                                 "steps_each": over_steps, "slowest_wall_s": max(walls),
+                                 "aggregate_steps_per_s": rate, "load_avg_1min": load, "vs_two": rate / rates[2]})
             by = {(r["variant"], r["processes"]): r for r in rows if r["round"] == k + 1}
             print(f"two processes, round {k + 1}/{args.par_rounds}: " + ", ".join(
                 f"{v} {by[(v, 1)]['aggregate_steps_per_s']:,.0f} -> {by[(v, 2)]['aggregate_steps_per_s']:,.0f} "
-                f"({by[(v, 2)]['efficiency']:.0%})" for v in ("bare", "rollout")), flush=True)
+                f"({by[(v, 2)]['efficiency']:.0%})"
+                + (f", {args.oversub} processes {by[(v, args.oversub)]['vs_two']:.2f}x two" if crowd else "")
+                for v in ("bare", "rollout")), flush=True)
     finally:
         workers.close()
+        if crowd is not None:
+            crowd.close()
     summary = {}
     for variant in ("bare", "rollout"):
         eff = [r["efficiency"] for r in rows if r["variant"] == variant and r["processes"] == 2]
@@ -262,6 +280,12 @@ def measure_parallel(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
         for n in (1, 2):
             summary[f"{variant}_{n}"] = statistics.median(
                 r["aggregate_steps_per_s"] for r in rows if r["variant"] == variant and r["processes"] == n)
+        if crowd is not None:
+            over = [r["vs_two"] for r in rows if r["variant"] == variant and r["processes"] == args.oversub]
+            summary[variant + "_over"] = statistics.median(over)
+            summary[variant + "_over_min"], summary[variant + "_over_max"] = min(over), max(over)
+            summary[variant + "_over_rate"] = statistics.median(
+                r["aggregate_steps_per_s"] for r in rows if r["variant"] == variant and r["processes"] == args.oversub)
     return rows, summary
 
 
@@ -277,6 +301,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="two-process part: steps per process per measurement (default: %(default)s)")
     parser.add_argument("--par_rounds", type=int, default=10,
                         help="two-process part: rounds, 0 to skip it (default: %(default)s)")
+    parser.add_argument("--oversub", type=int, default=8,
+                        help="two-process part: also run this many processes at once, sharing the two processes' "
+                             "total steps, against two (train.py --nprocs 8 on 2 cores); 0 to skip (default: "
+                             "%(default)s)")
     parser.add_argument("--envs_per_rank", type=int, nargs="*", default=[2, 4],
                         help="also measure the rollout with these many envs per rank (default: %(default)s)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="output directory (default: %(default)s)")
@@ -382,6 +410,18 @@ def main() -> int:
                   par_table),
             "",
         ])
+        if "bare_over" in par:
+            markdown += "\n".join([
+                "",
+                f"{args.oversub} processes at once doing the same total work as two "
+                f"({2 * args.par_steps // args.oversub} steps each; aggregate over the slowest, paired with the "
+                "two-process run of the round, median):",
+                "",
+                table(["loop", f"{args.oversub} processes steps/s", "/ two processes", "range over rounds"],
+                      [[v, f"{par[v + '_over_rate']:,.0f}", f"**{par[v + '_over']:.2f}**",
+                        f"{par[v + '_over_min']:.2f}-{par[v + '_over_max']:.2f}"] for v in ("bare", "rollout")]),
+                "",
+            ])
     (out / "results.md").write_text(markdown)
     print()
     print(markdown)

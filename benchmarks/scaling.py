@@ -232,8 +232,9 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """rows as CSV; the columns are every key of any row, in order of first appearance (empty where absent)."""
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
         writer.writeheader()
         writer.writerows(rows)
 
