@@ -22,6 +22,7 @@ import sys
 import termios
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -171,7 +172,7 @@ def _decide_doorbell() -> None:
         _doorbell = Doorbell(COMM_WORLD)
 
 
-def _wait_collective(comm: MPI.Comm, post: Any, what: str, sequence: int) -> None:
+def _wait_collective(comm: MPI.Comm, post: Callable[[], MPI.Request], what: str, sequence: int) -> None:
     """Post a non-blocking collective over ``comm`` (``post()`` returns its request) and wait for it to complete.
 
     Over COMM_WORLD with a doorbell: ring it, then sleep until rung while some rank has not arrived, and poll once
