@@ -13,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .comm import COMM_WORLD
+from .shm import all_on_one_host, shared_int64
 
 
 class SharedBudget:
@@ -29,21 +30,12 @@ class SharedBudget:
         comm = COMM_WORLD if comm is None else comm
         if total < 0:
             raise ValueError(f"SharedBudget: total must be >= 0, got {total}")
-        node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        hosts_agree = node_comm.Get_size() == comm.Get_size()
-        node_comm.Free()
-        if not comm.allreduce(hosts_agree, op=MPI.LAND):
+        if not all_on_one_host(comm):
             raise ValueError("SharedBudget: every rank must run on one host (the budget is a shared-memory counter); "
                              "on several hosts split the work evenly instead")
         self.total = total
-        self.window = MPI.Win.Allocate_shared(8 if comm.Get_rank() == 0 else 0, 8, comm=comm)
-        buffer, _ = self.window.Shared_query(0)
-        self._taken = np.ndarray(buffer=buffer, dtype=np.int64, shape=(1,))  # units handed out since the refill
-        self.window.Lock_all(MPI.MODE_NOCHECK)
-        if comm.Get_rank() == 0:
-            self._taken[0] = 0
-        self.window.Sync()
-        comm.Barrier()
+        # The array itself is only ever touched through MPI atomics: units handed out since the refill.
+        self.window, _ = shared_int64(comm, (1,))
         self._operand = np.zeros(1, dtype=np.int64)
         self._result = np.zeros(1, dtype=np.int64)
 

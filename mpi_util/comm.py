@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .shm import all_on_one_host, shared_int64
 from .wakeup import Doorbell, doorbell_supported
 
 COMM_WORLD: MPI.Comm = MPI.COMM_WORLD
@@ -63,11 +64,7 @@ class _ArrivalBoard:
         node_comm = COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
         self.world_ranks: list[int] = node_comm.allgather(COMM_WORLD.Get_rank())
         self.index = node_comm.Get_rank()
-        nbytes = 16 * node_comm.Get_size() if self.index == 0 else 0
-        self.window = MPI.Win.Allocate_shared(nbytes, 8, comm=node_comm)
-        buffer, _ = self.window.Shared_query(0)
-        self.slots = np.ndarray(buffer=buffer, dtype=np.int64, shape=(node_comm.Get_size(), 2))
-        self.window.Lock_all(MPI.MODE_NOCHECK)
+        self.window, self.slots = shared_int64(node_comm, (node_comm.Get_size(), 2))
         self.slots[self.index] = (0, -1)
         self.window.Sync()
         node_comm.Barrier()
@@ -165,10 +162,8 @@ def _decide_doorbell() -> None:
     """
     global _doorbell, _doorbell_decided
     _doorbell_decided = True
-    node_comm = COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-    usable = int(doorbell_supported() and node_comm.Get_size() == COMM_WORLD.Get_size())
-    node_comm.Free()
-    if COMM_WORLD.allreduce(usable, op=MPI.MIN):
+    # Both answers are agreed on by every rank, so every rank takes the same branch into Doorbell's collectives.
+    if all_on_one_host(COMM_WORLD) and COMM_WORLD.allreduce(doorbell_supported(), op=MPI.LAND):
         _doorbell = Doorbell(COMM_WORLD)
 
 

@@ -21,8 +21,9 @@ import os
 import platform
 import sys
 
-import numpy as np
 from mpi4py import MPI
+
+from .shm import shared_int64
 
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 # Not the _PRIVATE variants: the word is shared between processes.
@@ -53,15 +54,7 @@ class Doorbell:
         self.size = comm.Get_size()
         self.index = comm.Get_rank()
         self.max_sleep_s = max_sleep_s
-        nbytes = 8 * (1 + self.size) if self.index == 0 else 0
-        self.window = MPI.Win.Allocate_shared(nbytes, 8, comm=comm)
-        buffer, _ = self.window.Shared_query(0)
-        self.words = np.ndarray(buffer=buffer, dtype=np.int64, shape=(1 + self.size,))
-        self.window.Lock_all(MPI.MODE_NOCHECK)
-        if self.index == 0:
-            self.words[:] = 0
-        self.window.Sync()
-        comm.Barrier()
+        self.window, self.words = shared_int64(comm, (1 + self.size,))
         self.arrivals = 0  # how many collectives this rank has entered through the doorbell
         self._bell_address = ctypes.c_void_p(self.words.ctypes.data)
         self._libc = ctypes.CDLL(None, use_errno=True)

@@ -1,0 +1,33 @@
+"""Shared-memory MPI windows: an int64 array every rank of one host reads and writes with plain loads and stores."""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+
+def all_on_one_host(comm: MPI.Comm) -> bool:
+    """Whether every rank of ``comm`` runs on the same host; the same answer on every rank. Collective."""
+    node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    mine = node_comm.Get_size() == comm.Get_size()
+    node_comm.Free()
+    return bool(comm.allreduce(mine, op=MPI.LAND))
+
+
+def shared_int64(comm: MPI.Comm, shape: tuple[int, ...]) -> tuple[MPI.Win, np.ndarray]:
+    """A zeroed int64 array of ``shape`` held by rank 0 of ``comm`` (all on one host) and mapped into every rank.
+
+    Collective. The window is returned locked for passive access (``Lock_all``), so ranks may load, store, call
+    ``window.Sync()`` as a memory barrier, or use MPI atomics on it at any time; the zeros are visible on every rank
+    when this returns.
+    """
+    nbytes = 8 * int(np.prod(shape)) if comm.Get_rank() == 0 else 0
+    window = MPI.Win.Allocate_shared(nbytes, 8, comm=comm)
+    buffer, _ = window.Shared_query(0)
+    array = np.ndarray(buffer=buffer, dtype=np.int64, shape=shape)
+    window.Lock_all(MPI.MODE_NOCHECK)
+    if comm.Get_rank() == 0:
+        array[...] = 0
+    window.Sync()
+    comm.Barrier()
+    return window, array
