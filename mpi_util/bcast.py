@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .comm import COMM_WORLD, exchange_int64, signature_digest
+from .comm import COMM_WORLD, exchange_int64, move_data, signature_digest
 
 # Variables smaller than this are packed per dtype into one buffer; larger ones are broadcast in place.
 _PACK_BELOW_BYTES = 256 * 1024
@@ -132,26 +132,28 @@ def rank0_bcast_wts(x: Any, comm: MPI.Comm | None = None) -> None:
 
     # Small variables (biases, log-stds, normalizer statistics) travel packed in one flat buffer per dtype: one
     # message instead of dozens of latency-bound ones. Large ones go one Bcast each, straight from and into
-    # their own memory: packing them would only add copies (measured in benchmarks/collectives.py).
+    # their own memory: packing them would only add copies (measured in benchmarks/collectives.py). All are posted
+    # at once and completed without spinning until every rank has posted (comm.move_data).
     if not is_root:
         values = [v if v is leaf else np.empty_like(v) for v, leaf in zip(values, leaves, strict=True)]
     small = [i for i, v in enumerate(values) if 0 < v.nbytes < _PACK_BELOW_BYTES]
+    packed: list[tuple[list[int], np.ndarray]] = []  # (indices into values, flat buffer) per dtype
     for dtype in dict.fromkeys(values[i].dtype for i in small):  # dtypes in order of first appearance
         members = [i for i in small if values[i].dtype == dtype]
         if is_root:
             flat = np.concatenate([values[i].reshape(-1) for i in members])
         else:
             flat = np.empty(sum(values[i].size for i in members), dtype=dtype)
-        comm.Bcast([flat.view(np.uint8), MPI.BYTE], root=0)
-        if not is_root:
+        packed.append((members, flat))
+    buffers = [flat for _, flat in packed] + [v for v in values if v.nbytes >= _PACK_BELOW_BYTES]
+    move_data(comm, lambda: [comm.Ibcast([b.reshape(-1).view(np.uint8), MPI.BYTE], root=0) for b in buffers],
+              "rank0_bcast_wts")
+    if not is_root:
+        for members, flat in packed:
             offset = 0
             for i in members:
                 values[i][...] = flat[offset : offset + values[i].size].reshape(values[i].shape)
                 offset += values[i].size
-    for v in values:
-        if v.nbytes >= _PACK_BELOW_BYTES:
-            comm.Bcast([v.reshape(-1).view(np.uint8), MPI.BYTE], root=0)
-    if not is_root:
         for leaf, value in zip(leaves, values, strict=True):
             if value is not leaf:
                 _writer(leaf)(value)

@@ -4,10 +4,11 @@ MPICH's blocking collectives busy-poll: a rank waiting in ``MPI_Gatherv`` while 
 update burns a whole core. With 8 ranks on 2 cores that steals the cores the update needs. So every
 collective in ``mpi_util`` takes two rounds: ranks exchange a fixed-size digest of what they pass (shapes,
 dtypes, keys) in a non-blocking all-gather polled with short, growing sleeps, which is where they wait for
-each other; then, all present, the data moves in one blocking buffer-based operation (blocking there is
-short, and large messages move in chunks that need every rank polling without pause). Each round on
-oversubscribed cores costs milliseconds, so rounds are kept few. Over COMM_WORLD on one host, the first round
-waits on a shared-memory doorbell instead of timed sleeps (mpi_util/wakeup.py): asleep until the others arrive.
+each other; then, all present, the data moves in non-blocking buffer-based operations completed with a busy
+``Waitall`` (short, and large messages move in chunks that need every rank polling without pause). Each round on
+oversubscribed cores costs milliseconds, so rounds are kept few. Over COMM_WORLD on one host, both rounds wait on
+a shared-memory doorbell instead (mpi_util/wakeup.py): asleep until the others arrive, so a rank 0 descheduled
+between the rounds costs the others no CPU either.
 """
 
 from __future__ import annotations
@@ -180,21 +181,49 @@ def _wait_collective(comm: MPI.Comm, post: Callable[[], MPI.Request], what: str,
         if _is_world(comm) and not _doorbell_decided:
             _decide_doorbell()
         return
+    _sleep_until_all_arrived(doorbell, [request], what, sequence, then_spin=False)
+
+
+def move_data(comm: MPI.Comm, post: Callable[[], list[MPI.Request]], what: str) -> None:
+    """The data round of a collective, after the exchange in which every rank arrived: post its non-blocking
+    operations (``post()`` returns their requests) and complete them.
+
+    Completed with a busy ``Waitall`` as soon as every rank has posted its part: a large message moves in
+    pipelined chunks that need every rank polling without pause. Until then, over COMM_WORLD with a doorbell, a
+    rank sleeps: rank 0 may still be allocating its result or be descheduled on a loaded machine, and a rank
+    spinning in MPI meanwhile burns a core (40 ms seen in CI). Elsewhere it spins from the start.
+    """
+    doorbell = _doorbell if _is_world(comm) else None
+    requests = post()
+    if doorbell is None:
+        MPI.Request.Waitall(requests)
+    else:
+        _sleep_until_all_arrived(doorbell, requests, what, _sequence, then_spin=True)
+
+
+def _sleep_until_all_arrived(
+    doorbell: Doorbell, requests: list[MPI.Request], what: str, sequence: int, then_spin: bool
+) -> None:
+    """Ring the doorbell and complete ``requests``: asleep while some rank has not arrived; once all have, a busy
+    ``Waitall`` if ``then_spin``, else polling with short, growing sleeps."""
     arrival = doorbell.ring()
     started = time.monotonic()
     while time.monotonic() - started < _POLL_SPIN_S:
-        if request.Test():
+        if MPI.Request.Testall(requests):
             return
     sleep_s = _POLL_FIRST_SLEEP_S
-    while not request.Test():
+    while not MPI.Request.Testall(requests):
         waited = time.monotonic() - started
         if _stall_timeout_s is not None and waited > _stall_timeout_s:
             raise CollectiveStallError(_stall_message(what, sequence))
-        if doorbell.all_arrived(arrival):
+        if not doorbell.all_arrived(arrival):
+            doorbell.sleep_until_rung(arrival, math.inf if _stall_timeout_s is None else _stall_timeout_s - waited)
+        elif then_spin:
+            MPI.Request.Waitall(requests)
+            return
+        else:
             time.sleep(sleep_s)
             sleep_s = min(2 * sleep_s, _POLL_MAX_SLEEP_S)
-        else:
-            doorbell.sleep_until_rung(arrival, math.inf if _stall_timeout_s is None else _stall_timeout_s - waited)
 
 
 def meet(comm: MPI.Comm, what: str) -> None:

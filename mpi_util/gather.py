@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 from mpi4py import MPI
 
-from .comm import COMM_WORLD, exchange_int64, signature_digest
+from .comm import COMM_WORLD, exchange_int64, move_data, signature_digest
 
 
 class BatchMismatchError(ValueError):
@@ -84,7 +84,8 @@ def rank0_accum_batches(batch: Mapping[str, np.ndarray], comm: MPI.Comm | None =
     Raises BatchMismatchError on every rank, naming the rank and key, when the batches do not fit together.
 
     First an all-gather of (digest of keys, dtypes and trailing shapes; row count), waited on without
-    spinning; then one buffer-based Gatherv per key, from each rank's array straight into rank 0's result.
+    spinning; then one buffer-based Igatherv per key, from each rank's array straight into rank 0's result, completed
+    without spinning until every rank has posted its part.
     """
     comm = COMM_WORLD if comm is None else comm
     arrays, signature = _local_signature(batch)
@@ -106,22 +107,31 @@ def rank0_accum_batches(batch: Mapping[str, np.ndarray], comm: MPI.Comm | None =
         raise BatchMismatchError(problem or "rank0_accum_batches: ranks passed batches that do not match")
     assert isinstance(signature, dict)
     rows_per_rank = exchanged[:, 2].tolist()
-    # Blocking from here on: every rank has arrived (the exchange above), so these are short, and a large
-    # message moves in pipelined chunks that need both sides polling without pause. One Gatherv per key,
-    # straight from each rank's array into rank 0's result (packing keys together only adds copies; measured
-    # in benchmarks/collectives.py).
+    # Every rank has arrived (the exchange above), so the data round is short; a rank sleeps until all have posted
+    # their part (rank 0 may be late, allocating or descheduled) and then completes it without pause, since a large
+    # message moves in pipelined chunks. One Gatherv per key, straight from each rank's array into rank 0's result
+    # (packing keys together only adds copies; measured in benchmarks/collectives.py).
     is_root = comm.Get_rank() == 0
+    keys = sorted(arrays)  # the same order on every rank, whatever order each built its dict in
     gathered: dict[str, np.ndarray] = {}
-    for key in sorted(arrays):  # the same order on every rank, whatever order each built its dict in
-        arr = arrays[key]
-        send = [arr.reshape(-1).view(np.uint8), MPI.BYTE]
-        if is_root:
-            out = np.empty((sum(rows_per_rank), *arr.shape[1:]), dtype=arr.dtype)
-            row_bytes = out.itemsize * int(np.prod(out.shape[1:], dtype=np.int64))
-            counts = [n * row_bytes for n in rows_per_rank]
-            displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
-            comm.Gatherv(send, [out.reshape(-1).view(np.uint8), counts, displacements, MPI.BYTE], root=0)
-            gathered[key] = out
-        else:
-            comm.Gatherv(send, None, root=0)
+    if is_root:
+        for key in keys:
+            gathered[key] = np.empty((sum(rows_per_rank), *arrays[key].shape[1:]), dtype=arrays[key].dtype)
+
+    def post() -> list[MPI.Request]:
+        requests = []
+        for key in keys:
+            send = [arrays[key].reshape(-1).view(np.uint8), MPI.BYTE]
+            if is_root:
+                out = gathered[key]
+                row_bytes = out.itemsize * int(np.prod(out.shape[1:], dtype=np.int64))
+                counts = [n * row_bytes for n in rows_per_rank]
+                displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
+                receive = [out.reshape(-1).view(np.uint8), counts, displacements, MPI.BYTE]
+                requests.append(comm.Igatherv(send, receive, root=0))
+            else:
+                requests.append(comm.Igatherv(send, None, root=0))
+        return requests
+
+    move_data(comm, post, "rank0_accum_batches")
     return {key: gathered[key] for key in arrays} if is_root else arrays

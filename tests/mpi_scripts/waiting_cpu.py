@@ -1,5 +1,8 @@
 """Rank 0 works (sleeps) argv[1] seconds before each collective; every rank writes the CPU time it burned waiting
-to argv[2]/cpu_RANK.json, and whether its collectives went through the doorbell (mpi_util/wakeup.py)."""
+to argv[2]/cpu_RANK.json, and whether its collectives went through the doorbell (mpi_util/wakeup.py).
+
+With argv[3] == "late_data", rank 0 instead sleeps between the exchange in which all ranks meet and the data
+round of rank0_accum_batches and rank0_bcast_wts, as a rank descheduled on a loaded machine is late there."""
 
 import json
 import sys
@@ -9,15 +12,25 @@ from pathlib import Path
 import numpy as np
 
 import mpi_util
-from mpi_util import comm
+from mpi_util import bcast, comm, gather
 
 busy_s = float(sys.argv[1])
+late_data = sys.argv[3:] == ["late_data"]
 rank = mpi_util.rank
+if late_data and rank == 0:
+
+    def exchange_then_stall(*args, **kwargs):
+        exchanged = comm.exchange_int64(*args, **kwargs)
+        time.sleep(busy_s)
+        return exchanged
+
+    gather.exchange_int64 = bcast.exchange_int64 = exchange_then_stall
 # The doorbell is set up once the ranks have met in a first collective over COMM_WORLD.
 mpi_util.meet(mpi_util.COMM_WORLD, "warm-up")
 cpu = {"doorbell": comm._doorbell is not None}
-for name in ("rank0_accum_batches", "rank0_bcast_wts", "meet"):
-    if rank == 0:
+calls = ["rank0_accum_batches", "rank0_bcast_wts"] + ([] if late_data else ["meet"])
+for name in calls:
+    if rank == 0 and not late_data:
         time.sleep(busy_s)  # stands in for rank 0's update
     wall, started = time.perf_counter(), time.process_time()
     if name == "rank0_accum_batches":
