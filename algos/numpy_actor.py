@@ -76,22 +76,35 @@ class NumpyActor:
 
     def act(self, raw_obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False) -> np.ndarray:
         """Actions for raw_obs (N, obs_dim): (N, act_dim) float32 (Box, NOT clipped) or (N,) int64.
-
         deterministic: the mean (Box) or the most likely action (Discrete) instead of a sample.
         """
-        out = numpy_mlp_forward(self.pi_weights, self._normalize(raw_obs))
-        if self.std is None:
-            if deterministic:
-                return np.argmax(out, axis=1).astype(np.int64)
-            # Gumbel-max trick: argmax(logits + Gumbel noise) is a sample of softmax(logits).
-            return np.argmax(out + rng.gumbel(size=out.shape), axis=1).astype(np.int64)
         if deterministic:
-            return out
-        # In place, bit for bit out + std * noise (IEEE multiplication and addition commute).
-        sample = rng.standard_normal(out.shape, dtype=np.float32)
-        sample *= self.std
-        sample += out
-        return sample
+            out = numpy_mlp_forward(self.pi_weights, self._normalize(raw_obs))
+            return out if self.std is not None else np.argmax(out, axis=1).astype(np.int64)
+        return self.act_with_noise(raw_obs, self.exploration_noise(rng, len(raw_obs)))
+
+    def exploration_noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """What act() adds to the policy's output for n actions, drawn from rng as act() draws it: (n, act_dim)
+        float32 std * N(0, 1) (Box) or (n, n_actions) float64 Gumbel noise (Discrete; argmax(logits + Gumbel noise)
+        is a sample of softmax(logits)). Drawing many rows in one call gives the same numbers as drawing them a few
+        at a time, so a rollout can draw a whole batch's noise at once and act row by row with act_with_noise,
+        bit for bit what act() would do."""
+        if self.std is None:
+            return rng.gumbel(size=(n, self.pi_weights[-1].shape[0]))
+        noise = rng.standard_normal((n, self.std.shape[0]), dtype=np.float32)
+        noise *= self.std
+        return noise
+
+    def act_with_noise(self, raw_obs: np.ndarray, noise: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """act() with its noise given: raw_obs (N, obs_dim), noise (N, ...) rows of exploration_noise(). Writes the
+        actions into out ((N, act_dim) float32 or (N,) int64) when given, and returns them."""
+        policy_out = numpy_mlp_forward(self.pi_weights, self._normalize(raw_obs))
+        if self.std is None:
+            policy_out = policy_out + noise
+            if out is not None:
+                return np.argmax(policy_out, axis=1, out=out)
+            return np.argmax(policy_out, axis=1).astype(np.int64, copy=False)
+        return np.add(policy_out, noise, out=out)
 
     def value(self, raw_obs: np.ndarray) -> np.ndarray:
         """Values of raw_obs (N, obs_dim), (N,) float32 in RETURN units (de-normalized with ret_rms)."""

@@ -94,11 +94,10 @@ class RolloutWorker:
         low, high = (None, None) if self.is_discrete else (space.low, space.high)
 
         rows, last_active = 0, n_envs
-        for t, active in enumerate(self._lockstep_rows(n_steps, take)):
+        for t, (active, noise) in enumerate(self._lockstep_rows(n_steps, take, actor, rng)):
             # The envs that step in row t are a prefix; only the last row can leave some out.
             rows, last_active = t + 1, active
-            actions = actor.act(obs[t, :active], rng)
-            act[t, :active] = actions
+            actions = actor.act_with_noise(obs[t, :active], noise, out=act[t, :active])
             env_actions = actions.tolist() if self.is_discrete else np.minimum(np.maximum(actions, low), high)
             next_rows = obs[t + 1]
             for k in range(active):
@@ -172,19 +171,23 @@ class RolloutWorker:
         }
         return batch, episodes
 
-    def _lockstep_rows(self, n_steps: int, take: Callable[[int], int] | None) -> Iterator[int]:
-        """How many envs (the first ones) step in each lockstep row of a collect of n_steps, or of what take gives."""
+    def _lockstep_rows(
+        self, n_steps: int, take: Callable[[int], int] | None, actor: NumpyActor, rng: np.random.Generator
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """Each lockstep row of a collect of n_steps, or of what take gives: how many envs (the first ones) step in
+        it, and their exploration noise. The noise is drawn from rng for a whole block of rows at once (the
+        collect, or one take), the same numbers as one draw per row: a draw per step costs as much as a layer."""
         n_envs = len(self.envs)
-        if take is None:
-            full_rows, remainder = divmod(n_steps, n_envs)
-            yield from [n_envs] * full_rows + ([remainder] if remainder else [])
-            return
         while n_steps > 0:
-            asked = min(TAKE_ROWS * n_envs, n_steps)
-            got = take(asked)
+            asked = n_steps if take is None else min(TAKE_ROWS * n_envs, n_steps)
+            got = asked if take is None else take(asked)
             n_steps -= got
+            noise = actor.exploration_noise(rng, got)
             full_rows, remainder = divmod(got, n_envs)
-            yield from [n_envs] * full_rows + ([remainder] if remainder else [])
+            for start in range(0, full_rows * n_envs, n_envs):
+                yield n_envs, noise[start : start + n_envs]
+            if remainder:
+                yield remainder, noise[got - remainder :]
             if got < asked:
                 return
 

@@ -12,7 +12,8 @@ What it measures, in one process, on the same env id and seed, for ``--steps`` s
   batched value pass and GAE at the end; with single-threaded BLAS, as mpi_fork starts every rank;
 - ``rollout_<K>envs``: the same with K envs per rank (``train.py --envs_per_rank K``; ``--envs_per_rank``
   chooses the Ks, default 2 and 4): the envs step in lockstep and the policy acts on K rows per call;
-- ``actor_only``: ``NumpyActor.act`` on one row per call, ``--steps`` times: the policy's share of ``rollout``.
+- ``actor_only``: ``NumpyActor.act_with_noise`` on one row per call, ``--steps`` times, the noise drawn for all
+  rows in one call as the rollout draws it: the policy's share of ``rollout``.
 
 On a shared machine the load changes within seconds, so the variants are interleaved finely: a round runs
 ``--chunk`` steps (default 1024, one rank's share of train.py's 2048-step batch at --nprocs 2) of each variant in
@@ -123,8 +124,9 @@ def rollout_loop(env_id: str, seed: int, steps: int, n_envs: int = 1) -> tuple[C
         return len(episodes["ep_length"])
 
     def actor_only() -> int:
+        noise = actor.exploration_noise(rng, steps)  # drawn for all rows at once, as RolloutWorker.collect does
         for t in range(steps):
-            actor.act(obs_rows[t], rng)
+            actor.act_with_noise(obs_rows[t], noise[t : t + 1])
         return 0
 
     return rollout, actor_only

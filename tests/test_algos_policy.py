@@ -117,6 +117,24 @@ def test_numpy_actor_is_a_snapshot():
 
 
 @pytest.mark.parametrize("space", [BOX, DISCRETE], ids=["box", "discrete"])
+def test_noise_drawn_for_a_block_acts_as_act_row_by_row(space):
+    # The rollout draws a whole batch's exploration noise in one call and acts row by row with it; that must be
+    # act() with one draw per row, bit for bit, and leave the generator where act() leaves it.
+    actor = actor_critic(space).numpy_actor()
+    raw = np.random.default_rng(6).normal(2.0, 3.0, size=(30, 5)).astype(np.float32)
+    row_rng, block_rng = np.random.default_rng(9), np.random.default_rng(9)
+    one_per_row = np.concatenate([actor.act(raw[i : i + 3], row_rng) for i in range(0, 30, 3)])
+    noise = actor.exploration_noise(block_rng, 30)
+    written = np.empty_like(one_per_row)
+    from_block = np.concatenate([actor.act_with_noise(raw[i : i + 3], noise[i : i + 3], out=written[i : i + 3])
+                                 for i in range(0, 30, 3)])
+    assert from_block.dtype == one_per_row.dtype == (np.int64 if space is DISCRETE else np.float32)
+    np.testing.assert_array_equal(from_block, one_per_row)
+    np.testing.assert_array_equal(written, one_per_row)
+    assert row_rng.random() == block_rng.random()
+
+
+@pytest.mark.parametrize("space", [BOX, DISCRETE], ids=["box", "discrete"])
 def test_numpy_actor_from_checkpoint_state_equals_snapshot(space):
     # --play rebuilds the actor from a checkpoint's ac_state without TensorFlow; it must act as the learner's own.
     ac = actor_critic(space)
