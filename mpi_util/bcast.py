@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .comm import COMM_WORLD, exchange_int64, move_data, signature_digest
+from .comm import COMM_WORLD, bcast_on_host, exchange_int64, move_data, signature_digest
 
 # Variables smaller than this are packed per dtype into one buffer; larger ones are broadcast in place.
 _PACK_BELOW_BYTES = 256 * 1024
@@ -107,8 +107,9 @@ def rank0_bcast_wts(x: Any, comm: MPI.Comm | None = None) -> None:
     array, or a (nested) list of these; numpy arrays are updated in place. The same structure (count, shapes,
     dtypes) is needed on every rank, else WeightMismatchError on every rank naming the rank and variable.
     After one small exchange in which ranks check they hold the same shapes (and wait for each other without
-    spinning), variables under 256 KiB travel packed in one buffer per dtype, larger ones one Bcast each in
-    place (no copies).
+    spinning), variables under 256 KiB travel packed in one buffer per dtype, larger ones each from its own memory:
+    when every rank is on one host (the doorbell in use) and the total is at most 16 MiB, rank 0 copies them into a
+    shared-memory window and goes on while the others copy them out (comm.bcast_on_host); else one Ibcast each.
     """
     comm = COMM_WORLD if comm is None else comm
     leaves = _flatten(x)
@@ -146,8 +147,9 @@ def rank0_bcast_wts(x: Any, comm: MPI.Comm | None = None) -> None:
             flat = np.empty(sum(values[i].size for i in members), dtype=dtype)
         packed.append((members, flat))
     buffers = [flat for _, flat in packed] + [v for v in values if v.nbytes >= _PACK_BELOW_BYTES]
-    move_data(comm, lambda: [comm.Ibcast([b.reshape(-1).view(np.uint8), MPI.BYTE], root=0) for b in buffers],
-              "rank0_bcast_wts")
+    if not bcast_on_host(comm, buffers, "rank0_bcast_wts"):
+        move_data(comm, lambda: [comm.Ibcast([b.reshape(-1).view(np.uint8), MPI.BYTE], root=0) for b in buffers],
+                  "rank0_bcast_wts")
     if not is_root:
         for members, flat in packed:
             offset = 0

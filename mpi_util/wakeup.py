@@ -70,16 +70,19 @@ class Doorbell:
         self._libc.syscall(_SYS_FUTEX, self._bell_address, _FUTEX_WAKE, _WAKE_ALL, None, None, 0)
         return self.arrivals
 
-    def all_arrived(self, arrival: int) -> bool:
-        """Whether every rank has entered collective number ``arrival``."""
+    def all_arrived(self, arrival: int, rank: int | None = None) -> bool:
+        """Whether every rank (or just ``rank``) has entered collective number ``arrival``."""
         self.window.Sync()
+        if rank is not None:
+            return bool(self.words[1 + rank] >= arrival)
         return bool(self.words[1:].min() >= arrival)
 
-    def sleep_until_rung(self, arrival: int, timeout_s: float) -> None:
-        """Sleep until some rank rings (or ``min(timeout_s, max_sleep_s)`` passes), unless all have arrived."""
+    def sleep_until_rung(self, arrival: int, timeout_s: float, rank: int | None = None) -> None:
+        """Sleep until some rank rings (or ``min(timeout_s, max_sleep_s)`` passes), unless all (or ``rank``) have
+        arrived."""
         self.window.Sync()
         bell = int(self.words[0]) & 0xFFFFFFFF
-        if self.all_arrived(arrival):
+        if self.all_arrived(arrival, rank):
             return
         seconds = max(0.0, min(timeout_s, self.max_sleep_s))
         timeout = _Timespec(int(seconds), int((seconds % 1.0) * 1e9))

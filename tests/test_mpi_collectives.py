@@ -41,13 +41,24 @@ def test_gather_equals_concatenation_in_rank_order(run_mpi, tmp_path, nprocs, wa
 @pytest.mark.parametrize(("nprocs", "wait"), [(n, "") for n in SIZES] + [(3, "poll")])
 def test_bcast_numpy_is_bit_exact(run_mpi, tmp_path, nprocs, wait):
     run_mpi(nprocs, "bcast_cases.py", str(tmp_path), env={"MPI_UTIL_WAIT": wait})
-    check_bcast(tmp_path, nprocs, ["numpy_list"])
+    check_bcast(tmp_path, nprocs, ["numpy_list", "large", "larger"])
+
+
+@pytest.mark.skipif(not doorbell_supported(), reason="broadcasts go through shared memory only with the doorbell")
+def test_bcast_falls_back_to_mpi_when_shared_memory_is_refused(run_mpi, tmp_path):
+    # Files over 100 kB cannot be written during the broadcasts: the window for "large" (1.2 MB) is refused.
+    run_mpi(3, "bcast_cases.py", str(tmp_path), env={"BCAST_FILE_LIMIT": "100000"})
+    check_bcast(tmp_path, 3, ["numpy_list", "large", "larger"])
+    assert all(json.loads((tmp_path / f"host_bcast_{r}.json").read_text())["fell_back"] for r in range(3))
+    run_mpi(3, "bcast_cases.py", str(tmp_path))  # without the limit the window serves every case
+    assert not any(json.loads((tmp_path / f"host_bcast_{r}.json").read_text())["fell_back"] for r in range(3))
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_bcast_keras_tf_module_variables_bit_exact(run_mpi, tmp_path, nprocs):
     run_mpi(nprocs, "bcast_cases.py", str(tmp_path), "tf", timeout=180)
-    check_bcast(tmp_path, nprocs, ["numpy_list", "keras_model", "tf_module", "tf_variables", "mixed_list"])
+    check_bcast(tmp_path, nprocs, ["numpy_list", "large", "larger", "keras_model", "tf_module", "tf_variables",
+                                   "mixed_list"])
 
 
 def check_bcast(tmp_path, nprocs: int, cases: list[str]) -> None:

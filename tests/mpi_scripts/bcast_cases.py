@@ -1,6 +1,13 @@
 """Every rank builds differently initialised models and arrays, then rank0_bcast_wts; each rank saves its values
-before and after into argv[1]. argv[2] == "tf" adds Keras, tf.Module and tf.Variable cases (slow to import)."""
+before and after into argv[1]. argv[2] == "tf" adds Keras, tf.Module and tf.Variable cases (slow to import).
 
+With BCAST_FILE_LIMIT=N in the environment, files larger than N bytes cannot be written during the broadcasts
+(RLIMIT_FSIZE, as a small /dev/shm refuses them): the shared-memory window a broadcast on one host goes through
+cannot grow past N, and rank0_bcast_wts must fall back to MPI broadcasts. Every rank saves whether it did."""
+
+import json
+import os
+import resource
 import sys
 from pathlib import Path
 
@@ -20,7 +27,13 @@ numpy_list = [
     rng.random(4) < 0.5,
     np.zeros((0, 3), np.float32),
 ]
-cases = {"numpy_list": numpy_list}
+# After numpy_list, each larger than any before: variables of 256 KiB and more travel on their own, and on one host
+# the shared-memory window the broadcast goes through must grow (from 64 KiB to 1.2 MB, then to 8 MB).
+cases = {
+    "numpy_list": numpy_list,
+    "large": [rng.standard_normal(300_000).astype(np.float32), rng.standard_normal(10)],
+    "larger": [rng.standard_normal((1000, 2000)).astype(np.float32), rng.integers(0, 9, 3)],
+}
 if with_tf:
     import keras
     import tensorflow as tf
@@ -48,7 +61,13 @@ def values(x) -> list[np.ndarray]:
     return [v.numpy() for v in x.variables]
 
 
+file_limit = int(os.environ.get("BCAST_FILE_LIMIT", "0"))
+unlimited = resource.getrlimit(resource.RLIMIT_FSIZE)
 for name, x in cases.items():
     np.savez(out_dir / f"{name}_before_{rank}.npz", *[v.copy() for v in values(x)])
+    if file_limit:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, unlimited[1]))
     mpi_util.rank0_bcast_wts(x)
+    resource.setrlimit(resource.RLIMIT_FSIZE, unlimited)
     np.savez(out_dir / f"{name}_after_{rank}.npz", *values(x))
+(out_dir / f"host_bcast_{rank}.json").write_text(json.dumps({"fell_back": mpi_util.comm._host_bcast_failed}))
