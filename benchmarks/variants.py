@@ -6,6 +6,10 @@ the run's environment. The first variant is the baseline. For example::
     .venv/bin/python benchmarks/variants.py --nprocs 2 8 --repeats 3 "poll=MPI_UTIL_WAIT=poll" "doorbell="
     .venv/bin/python benchmarks/variants.py --nprocs 2 8 --repeats 3 "even=" "shared=--batch_split shared"
 
+To run another checkout's ``mpi_util`` and ``algos`` (a worktree of an older commit, say), give the variant the
+words ``PYTHONSAFEPATH=1 PYTHONPATH=/path/to/tree``: without ``PYTHONSAFEPATH`` Python puts train.py's own directory
+(this checkout) first on ``sys.path`` and ``PYTHONPATH`` changes nothing.
+
 Each run is ``train.py ENV --nprocs N --total_steps B`` plus the variant, summarized as benchmarks/scaling.py does
 (steps/s and the time split per iteration after the warm-up). Within a repeat the variants run back to back at each
 N, in an order that alternates from repeat to repeat, so the load of a shared machine hits them alike; the ratio
