@@ -13,7 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .comm import COMM_WORLD
-from .shm import all_on_one_host, shared_int64
+from .shm import all_on_one_host, free_shared, shared_int64
 
 
 class SharedBudget:
@@ -56,5 +56,4 @@ class SharedBudget:
 
     def free(self) -> None:
         """Release the shared window (collective over the communicator)."""
-        self.window.Unlock_all()
-        self.window.Free()
+        free_shared(self.window)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .shm import all_on_one_host, shared_int64
+from .shm import all_on_one_host, free_shared, shared_int64
 from .wakeup import Doorbell, doorbell_supported
 
 COMM_WORLD: MPI.Comm = MPI.COMM_WORLD
@@ -130,6 +130,17 @@ def _stall_message(what: str, sequence: int | None) -> str:
     return message + "; a rank is stuck or dead (a slow but healthy job needs a longer stall timeout)"
 
 
+def _time_left(started: float, what: str, sequence: int | None) -> float:
+    """Seconds left before the stall timeout of a wait that began at ``started`` (inf without a timeout); raises
+    CollectiveStallError once they have run out."""
+    if _stall_timeout_s is None:
+        return math.inf
+    waited = time.monotonic() - started
+    if waited > _stall_timeout_s:
+        raise CollectiveStallError(_stall_message(what, sequence))
+    return _stall_timeout_s - waited
+
+
 def wait_without_spinning(requests: MPI.Request | list[MPI.Request], what: str, sequence: int | None = None) -> None:
     """Complete ``requests`` by polling ``Test`` with short sleeps instead of a busy ``Wait``.
 
@@ -142,8 +153,7 @@ def wait_without_spinning(requests: MPI.Request | list[MPI.Request], what: str, 
             return
     sleep_s = _POLL_FIRST_SLEEP_S
     while not MPI.Request.Testall(pending):
-        if _stall_timeout_s is not None and time.monotonic() - started > _stall_timeout_s:
-            raise CollectiveStallError(_stall_message(what, sequence))
+        _time_left(started, what, sequence)
         time.sleep(sleep_s)
         sleep_s = min(2 * sleep_s, _POLL_MAX_SLEEP_S)
 
@@ -232,8 +242,7 @@ def bcast_on_host(comm: MPI.Comm, buffers: list[np.ndarray], what: str) -> bool:
         # Its MPI calls block, spinning; meet first, which sleeps while a rank (rank 0, say) is still on its way.
         meet(comm, what)
         if _host_bcast_window is not None:
-            _host_bcast_window[0].Unlock_all()
-            _host_bcast_window[0].Free()
+            free_shared(_host_bcast_window[0])
             _host_bcast_window = None
         try:
             window, words = shared_int64(comm, (max(1, (total + 7) // 8),))
@@ -241,8 +250,7 @@ def bcast_on_host(comm: MPI.Comm, buffers: list[np.ndarray], what: str) -> bool:
             window = None
         if not comm.allreduce(window is not None, op=MPI.LAND):
             if window is not None:
-                window.Unlock_all()
-                window.Free()
+                free_shared(window)
             _host_bcast_failed = True
             return False
         _host_bcast_window = window, words.view(np.uint8)
@@ -259,11 +267,7 @@ def bcast_on_host(comm: MPI.Comm, buffers: list[np.ndarray], what: str) -> bool:
         return True
     started = time.monotonic()
     while not doorbell.all_arrived(arrival, rank=0):
-        waited = time.monotonic() - started
-        if _stall_timeout_s is not None and waited > _stall_timeout_s:
-            raise CollectiveStallError(_stall_message(what, _sequence))
-        timeout_s = math.inf if _stall_timeout_s is None else _stall_timeout_s - waited
-        doorbell.sleep_until_rung(arrival, timeout_s, rank=0)
+        doorbell.sleep_until_rung(arrival, _time_left(started, what, _sequence), rank=0)
     window.Sync()
     offset = 0
     for b in buffers:
@@ -284,11 +288,9 @@ def _sleep_until_all_arrived(
             return
     sleep_s = _POLL_FIRST_SLEEP_S
     while not MPI.Request.Testall(requests):
-        waited = time.monotonic() - started
-        if _stall_timeout_s is not None and waited > _stall_timeout_s:
-            raise CollectiveStallError(_stall_message(what, sequence))
+        time_left = _time_left(started, what, sequence)
         if not doorbell.all_arrived(arrival):
-            doorbell.sleep_until_rung(arrival, math.inf if _stall_timeout_s is None else _stall_timeout_s - waited)
+            doorbell.sleep_until_rung(arrival, time_left)
         elif then_spin:
             MPI.Request.Waitall(requests)
             return

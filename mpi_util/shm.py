@@ -31,3 +31,9 @@ def shared_int64(comm: MPI.Comm, shape: tuple[int, ...]) -> tuple[MPI.Win, np.nd
     window.Sync()
     comm.Barrier()
     return window, array
+
+
+def free_shared(window: MPI.Win) -> None:
+    """Unlock and free a window from ``shared_int64``. Collective over its communicator."""
+    window.Unlock_all()
+    window.Free()
