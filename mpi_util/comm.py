@@ -6,10 +6,11 @@ collective in ``mpi_util`` takes two rounds: ranks exchange a fixed-size digest 
 dtypes, keys) in a non-blocking all-gather polled with short, growing sleeps, which is where they wait for
 each other; then, all present, the data moves in non-blocking buffer-based operations completed with a busy
 ``Waitall`` (short, and large messages move in chunks that need every rank polling without pause). Each round on
-oversubscribed cores costs milliseconds, so rounds are kept few. Over COMM_WORLD on one host, both rounds wait on
-a shared-memory doorbell instead (mpi_util/wakeup.py): asleep until the others arrive, so a rank 0 descheduled
-between the rounds costs the others no CPU either; and a broadcast's data goes through a shared-memory window
-(bcast_on_host) that rank 0 fills and leaves at once.
+oversubscribed cores costs milliseconds, so rounds are kept few. Over COMM_WORLD on one host, MPI is left out
+where it can be: ranks wait on a shared-memory doorbell (mpi_util/wakeup.py), asleep until the others arrive; the
+exchange goes through the doorbell's own slots (_exchange_on_host); a broadcast's data through a shared-memory
+window that rank 0 fills and leaves at once (bcast_on_host), and a gather's through per-rank shared segments that
+rank 0 reads after the exchange (gather.py).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .shm import all_on_one_host, free_shared, shared_int64
-from .wakeup import Doorbell, doorbell_supported
+from .wakeup import EXCHANGE_WIDTH, Doorbell, doorbell_supported
 
 COMM_WORLD: MPI.Comm = MPI.COMM_WORLD
 rank: int = COMM_WORLD.Get_rank()
@@ -335,13 +336,43 @@ def signature_digest(signature: object) -> int:
 def exchange_int64(comm: MPI.Comm, values: list[int], what: str) -> np.ndarray:
     """Every rank's ``values`` (the same count on each) as an int64 array (size, len(values)), without spinning.
 
-    This is also where ranks meet: the others may arrive much later (rank 0 finishing its update).
+    This is also where ranks meet: the others may arrive much later (rank 0 finishing its update). Over COMM_WORLD
+    with a doorbell and at most EXCHANGE_WIDTH values, through the doorbell's window (_exchange_on_host); else an
+    MPI all-gather.
     """
+    sequence = _enter_collective(what)
+    doorbell = _doorbell if _is_world(comm) else None
+    if doorbell is not None and len(values) <= EXCHANGE_WIDTH:
+        return _exchange_on_host(doorbell, values, what, sequence)
     mine = np.array(values, dtype=np.int64)
     everyone = np.empty((comm.Get_size(), len(values)), dtype=np.int64)
-    sequence = _enter_collective(what)
     _wait_collective(comm, lambda: comm.Iallgather(mine, everyone), what, sequence)
     return everyone
+
+
+def _exchange_on_host(doorbell: Doorbell, values: list[int], what: str, sequence: int) -> np.ndarray:
+    """exchange_int64 without MPI: write ``values`` into this rank's exchange slot, ring, sleep until every rank has
+    rung, read every slot.
+
+    Why: MPI's all-gather among 8 ranks on 2 cores takes several rounds, each needing ranks the scheduler has not
+    run yet; here the last rank to arrive wakes the others once and they are done. The slots alternate between
+    two sets: a rank writes its exchange k into set k % 2 after exchange k - 1, which it left only once every rank
+    had arrived there, so every rank has read exchange k - 2 out of that set by then.
+    """
+    slots = doorbell.exchange_slots[doorbell.exchanges % 2]
+    doorbell.exchanges += 1
+    slots[doorbell.index, : len(values)] = values
+    arrival = doorbell.ring()  # its memory barriers publish the values before the arrival
+    started = time.monotonic()
+    while not doorbell.all_arrived(arrival):
+        doorbell.sleep_until_rung(arrival, _time_left(started, what, sequence))
+    doorbell.window.Sync()  # read the values only after seeing the arrivals
+    return slots[:, : len(values)].copy()
+
+
+def host_doorbell(comm: MPI.Comm) -> Doorbell | None:
+    """COMM_WORLD's doorbell when ``comm`` is COMM_WORLD and every rank uses one (all on this host), else None."""
+    return _doorbell if _is_world(comm) else None
 
 
 def _allreduce_sum(x: Any, comm: MPI.Comm, what: str) -> np.ndarray:

@@ -37,3 +37,22 @@ def free_shared(window: MPI.Win) -> None:
     """Unlock and free a window from ``shared_int64``. Collective over its communicator."""
     window.Unlock_all()
     window.Free()
+
+
+def shared_segments(comm: MPI.Comm, nbytes: int) -> tuple[MPI.Win, list[np.ndarray]]:
+    """One MPI shared-memory window in which each rank of ``comm`` (all on one host) holds its own ``nbytes``
+    (may differ per rank, 0 allowed): returns the window and every rank's segment as a uint8 array (segment r is
+    rank r's), mapped into this rank. Collective; locked for passive access as in ``shared_int64``. Raises
+    MPI.Exception when the system refuses the memory."""
+    info = MPI.Info.Create()
+    info.Set("alloc_shared_noncontig", "true")  # each segment on its owner's pages; nobody needs them contiguous
+    try:
+        window = MPI.Win.Allocate_shared(nbytes, 1, info=info, comm=comm)
+    finally:
+        info.Free()
+    segments = []
+    for r in range(comm.Get_size()):
+        buffer, _ = window.Shared_query(r)
+        segments.append(np.frombuffer(buffer, dtype=np.uint8) if len(buffer) else np.empty(0, dtype=np.uint8))
+    window.Lock_all(MPI.MODE_NOCHECK)
+    return window, segments

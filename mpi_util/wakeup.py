@@ -30,6 +30,8 @@ _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 _FUTEX_WAIT = 0
 _FUTEX_WAKE = 1
 _WAKE_ALL = 2**31 - 1
+# int64 values each rank can post in one exchange through the window (comm.exchange_int64 on one host).
+EXCHANGE_WIDTH = 4
 
 
 class _Timespec(ctypes.Structure):
@@ -44,18 +46,21 @@ def doorbell_supported() -> bool:
 class Doorbell:
     """Arrival slots and a wake-up word for the ranks of ``comm`` (all on this host), in a shared MPI window.
 
-    Collective over ``comm`` to create. Window layout (int64): [bell, arrivals of rank 0, arrivals of rank 1, ...];
-    the futex waits on the low 32 bits of ``bell``. Each slot has one writer (its rank), so plain stores suffice;
-    the bell is bumped without an atomic add, which can lose a count when two ranks ring at once but never leaves
-    the word where a sleeper last read it, and a sleeper also wakes by itself every ``max_sleep_s``.
+    Collective over ``comm`` to create. Window layout (int64): [bell, arrivals of rank 0, arrivals of rank 1, ...,
+    then two sets of exchange slots (2, size, EXCHANGE_WIDTH)]; the futex waits on the low 32 bits of ``bell``. Each
+    slot has one writer (its rank), so plain stores suffice; the bell is bumped without an atomic add, which can
+    lose a count when two ranks ring at once but never leaves the word where a sleeper last read it, and a sleeper
+    also wakes by itself every ``max_sleep_s``.
     """
 
     def __init__(self, comm: MPI.Comm, max_sleep_s: float = 0.25) -> None:
         self.size = comm.Get_size()
         self.index = comm.Get_rank()
         self.max_sleep_s = max_sleep_s
-        self.window, self.words = shared_int64(comm, (1 + self.size,))
+        self.window, self.words = shared_int64(comm, (1 + self.size + 2 * self.size * EXCHANGE_WIDTH,))
         self.arrivals = 0  # how many collectives this rank has entered through the doorbell
+        self.exchange_slots = self.words[1 + self.size :].reshape(2, self.size, EXCHANGE_WIDTH)
+        self.exchanges = 0  # how many exchanges this rank has made through exchange_slots
         self._bell_address = ctypes.c_void_p(self.words.ctypes.data)
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.syscall.restype = ctypes.c_long
@@ -63,6 +68,7 @@ class Doorbell:
     def ring(self) -> int:
         """Announce that this rank has entered its next collective (its request is posted); returns its number."""
         self.arrivals += 1
+        self.window.Sync()  # what this rank wrote before ringing (exchange values, shared data) is seen first
         self.words[1 + self.index] = self.arrivals
         self.window.Sync()
         self.words[0] += 1
@@ -75,7 +81,7 @@ class Doorbell:
         self.window.Sync()
         if rank is not None:
             return bool(self.words[1 + rank] >= arrival)
-        return bool(self.words[1:].min() >= arrival)
+        return bool(self.words[1 : 1 + self.size].min() >= arrival)
 
     def sleep_until_rung(self, arrival: int, timeout_s: float, rank: int | None = None) -> None:
         """Sleep until some rank rings (or ``min(timeout_s, max_sleep_s)`` passes), unless all (or ``rank``) have
