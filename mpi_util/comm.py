@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .shm import all_on_one_host, free_shared, shared_int64
+from .shm import all_on_one_host, free_shared, room_for, shared_int64
 from .wakeup import EXCHANGE_WIDTH, Doorbell, doorbell_supported
 
 COMM_WORLD: MPI.Comm = MPI.COMM_WORLD
@@ -245,10 +245,12 @@ def bcast_on_host(comm: MPI.Comm, buffers: list[np.ndarray], what: str) -> bool:
         if _host_bcast_window is not None:
             free_shared(_host_bcast_window[0])
             _host_bcast_window = None
-        try:
-            window, words = shared_int64(comm, (max(1, (total + 7) // 8),))
-        except MPI.Exception:  # shared memory refused (a small /dev/shm, a file size limit): MPI broadcasts then
-            window = None
+        window = None
+        if room_for(comm, 8 * max(1, (total + 7) // 8) if comm.Get_rank() == 0 else 0):
+            try:
+                window, words = shared_int64(comm, (max(1, (total + 7) // 8),))
+            except MPI.Exception:  # shared memory refused (a file size limit, say): MPI broadcasts then
+                pass
         if not comm.allreduce(window is not None, op=MPI.LAND):
             if window is not None:
                 free_shared(window)

@@ -9,7 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .comm import COMM_WORLD, exchange_int64, host_doorbell, meet, move_data, signature_digest
-from .shm import free_shared, shared_segments
+from .shm import free_shared, room_for, shared_segments
 
 
 class BatchMismatchError(ValueError):
@@ -119,10 +119,12 @@ class _HostSegments:
         if self.window is not None:
             free_shared(self.window)
             self.window, self.segments, self.capacity, self.capacities = None, [], 0, []
-        try:
-            window, segments = shared_segments(comm, 2 * capacity)
-        except MPI.Exception:  # shared memory refused (a small /dev/shm, a file size limit): MPI from now on
-            window = None
+        window = None
+        if room_for(comm, 2 * capacity):
+            try:
+                window, segments = shared_segments(comm, 2 * capacity)
+            except MPI.Exception:  # shared memory refused (a file size limit, say): MPI from now on
+                pass
         if not comm.allreduce(window is not None, op=MPI.LAND):
             if window is not None:
                 free_shared(window)

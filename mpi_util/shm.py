@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from mpi4py import MPI
 
@@ -56,3 +58,25 @@ def shared_segments(comm: MPI.Comm, nbytes: int) -> tuple[MPI.Win, list[np.ndarr
         segments.append(np.frombuffer(buffer, dtype=np.uint8) if len(buffer) else np.empty(0, dtype=np.uint8))
     window.Lock_all(MPI.MODE_NOCHECK)
     return window, segments
+
+
+def shared_memory_room() -> int | None:
+    """Bytes free in /dev/shm, where MPICH keeps shared-memory windows on Linux; None where there is no such place."""
+    try:
+        stats = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def room_for(comm: MPI.Comm, nbytes: int) -> bool:
+    """Whether a shared window of every rank's ``nbytes`` together would take at most half the free shared memory;
+    the same answer on every rank. Collective.
+
+    Why ask first: tmpfs hands out pages when they are first written, so a window larger than the free space is
+    allocated without complaint and then kills the job with SIGBUS (seen with a 64 MB /dev/shm, as containers get
+    by default, and two 40 MiB segments). Half, so that MPI itself and other jobs keep room too.
+    """
+    total = comm.allreduce(nbytes, op=MPI.SUM)
+    room = shared_memory_room()
+    return bool(comm.allreduce(room is None or 2 * total <= room, op=MPI.LAND))

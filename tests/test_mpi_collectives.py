@@ -4,11 +4,16 @@ compared with the answer computed sequentially."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from conftest import SCRIPTS, run_bounded
 
-from mpi_util import rank_seed
+from mpi_util import find_mpiexec, rank_seed
 from mpi_util.wakeup import doorbell_supported
 
 SIZES = [1, 2, 3]
@@ -40,6 +45,30 @@ def test_gather_falls_back_to_mpi_when_shared_memory_is_refused(run_mpi, tmp_pat
     assert set(routes.values()) == {"mpi"}
     if doorbell_supported():
         assert [json.loads((tmp_path / f"refused_{r}.json").read_text()) for r in range(3)] == [True] * 3
+
+
+def can_mount_private_dev_shm() -> bool:
+    """Whether this test may give a job its own small /dev/shm: root, and ``unshare -m`` works here."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize(("dev_shm_size", "shared"), [("24m", False), ("64m", True)])
+def test_small_dev_shm_falls_back_to_mpi_instead_of_sigbus(tmp_path, dev_shm_size, shared):
+    # tmpfs hands out pages on first write: before the room check, a 24 MB /dev/shm let the 15 MiB broadcast window
+    # be allocated and then killed the job with SIGBUS (exit 7). 64 MB (what a container gets by default) has room.
+    if not can_mount_private_dev_shm():
+        pytest.skip("needs root and `unshare -m` to give the job a small private /dev/shm")
+    job = f"{find_mpiexec()} -n 2 {sys.executable} -u {SCRIPTS / 'shm_room.py'} {tmp_path}"
+    result = run_bounded(
+        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size={dev_shm_size} tmpfs /dev/shm && exec {job}"], 120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for r in range(2):
+        assert json.loads((tmp_path / f"shm_room_{r}.json").read_text()) == {
+            "bcast_fell_back": not shared, "gather_fell_back": not shared,
+            "gathers_through_shared_memory": 2 if shared else 0,
+        }, r
 
 
 def check_gather(tmp_path, nprocs) -> dict[str, str]:
