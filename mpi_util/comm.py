@@ -167,6 +167,11 @@ def _is_world(comm: MPI.Comm) -> bool:
     return comm.Get_size() > 1 and (comm is COMM_WORLD or comm == COMM_WORLD)
 
 
+def host_doorbell(comm: MPI.Comm) -> Doorbell | None:
+    """COMM_WORLD's doorbell when ``comm`` is COMM_WORLD and every rank uses one (all on this host), else None."""
+    return _doorbell if _is_world(comm) else None
+
+
 def _decide_doorbell() -> None:
     """Create COMM_WORLD's doorbell if every rank can use it: all on one host, all on a platform with futexes.
 
@@ -186,7 +191,7 @@ def _wait_collective(comm: MPI.Comm, post: Callable[[], MPI.Request], what: str,
     Over COMM_WORLD with a doorbell: ring it, then sleep until rung while some rank has not arrived, and poll once
     all have. Otherwise timed polling (wait_without_spinning).
     """
-    doorbell = _doorbell if _is_world(comm) else None
+    doorbell = host_doorbell(comm)
     request = post()
     if doorbell is None:
         wait_without_spinning(request, what, sequence)
@@ -205,7 +210,7 @@ def move_data(comm: MPI.Comm, post: Callable[[], list[MPI.Request]], what: str) 
     rank sleeps: rank 0 may still be allocating its result or be descheduled on a loaded machine, and a rank
     spinning in MPI meanwhile burns a core (40 ms seen in CI). Elsewhere it spins from the start.
     """
-    doorbell = _doorbell if _is_world(comm) else None
+    doorbell = host_doorbell(comm)
     requests = post()
     if doorbell is None:
         MPI.Request.Waitall(requests)
@@ -234,7 +239,7 @@ def bcast_on_host(comm: MPI.Comm, buffers: list[np.ndarray], what: str) -> bool:
     copied this one out.
     """
     global _host_bcast_window, _host_bcast_failed
-    doorbell = _doorbell if _is_world(comm) else None
+    doorbell = host_doorbell(comm)
     total = sum(b.nbytes for b in buffers)
     if doorbell is None or _host_bcast_failed or total > _HOST_BCAST_MAX_BYTES:
         return False
@@ -343,7 +348,7 @@ def exchange_int64(comm: MPI.Comm, values: list[int], what: str) -> np.ndarray:
     MPI all-gather.
     """
     sequence = _enter_collective(what)
-    doorbell = _doorbell if _is_world(comm) else None
+    doorbell = host_doorbell(comm)
     if doorbell is not None and len(values) <= EXCHANGE_WIDTH:
         return _exchange_on_host(doorbell, values, what, sequence)
     mine = np.array(values, dtype=np.int64)
@@ -370,11 +375,6 @@ def _exchange_on_host(doorbell: Doorbell, values: list[int], what: str, sequence
         doorbell.sleep_until_rung(arrival, _time_left(started, what, sequence))
     doorbell.window.Sync()  # read the values only after seeing the arrivals
     return slots[:, : len(values)].copy()
-
-
-def host_doorbell(comm: MPI.Comm) -> Doorbell | None:
-    """COMM_WORLD's doorbell when ``comm`` is COMM_WORLD and every rank uses one (all on this host), else None."""
-    return _doorbell if _is_world(comm) else None
 
 
 def _allreduce_sum(x: Any, comm: MPI.Comm, what: str) -> np.ndarray:

@@ -150,7 +150,7 @@ def rank0_accum_batches(batch: Mapping[str, np.ndarray], comm: MPI.Comm | None =
     ranks meet. With every rank of COMM_WORLD on one host (the doorbell in use), each rank has first copied its
     batch into its own shared-memory segment, and rank 0 copies all of them out once the exchange is over: no other
     round, and the other ranks go on at once (at 8 processes on 2 cores the MPI data round cost rank 0 several
-    milliseconds of waiting for ranks the scheduler had not run). Elsewhere, or for batches over 16 MiB in all,
+    milliseconds of waiting for ranks the scheduler had not run). Elsewhere, or for batches over 8 MiB in all,
     one buffer-based Igatherv per key moves the data, from each rank's array straight into rank 0's result.
     """
     comm = COMM_WORLD if comm is None else comm
