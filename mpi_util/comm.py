@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .shm import all_on_one_host, free_shared, room_for, shared_int64
+from .shm import all_on_one_host, allocate_agreed, free_shared, shared_int64
 from .wakeup import EXCHANGE_WIDTH, Doorbell, doorbell_supported
 
 COMM_WORLD: MPI.Comm = MPI.COMM_WORLD
@@ -250,18 +250,13 @@ def bcast_on_host(comm: MPI.Comm, buffers: list[np.ndarray], what: str) -> bool:
         if _host_bcast_window is not None:
             free_shared(_host_bcast_window[0])
             _host_bcast_window = None
-        window = None
-        if room_for(comm, 8 * max(1, (total + 7) // 8) if comm.Get_rank() == 0 else 0):
-            try:
-                window, words = shared_int64(comm, (max(1, (total + 7) // 8),))
-            except MPI.Exception:  # shared memory refused (a file size limit, say): MPI broadcasts then
-                pass
-        if not comm.allreduce(window is not None, op=MPI.LAND):
-            if window is not None:
-                free_shared(window)
+        n_words = max(1, (total + 7) // 8)  # held by rank 0
+        allocated = allocate_agreed(comm, 8 * n_words if comm.Get_rank() == 0 else 0,
+                                    lambda: shared_int64(comm, (n_words,)))
+        if allocated is None:  # no room in /dev/shm, or the system refused it: MPI broadcasts from now on
             _host_bcast_failed = True
             return False
-        _host_bcast_window = window, words.view(np.uint8)
+        _host_bcast_window = allocated[0], allocated[1].view(np.uint8)
     window, shared = _host_bcast_window
     is_root = comm.Get_rank() == 0
     if is_root:
@@ -273,15 +268,21 @@ def bcast_on_host(comm: MPI.Comm, buffers: list[np.ndarray], what: str) -> bool:
     arrival = doorbell.ring()
     if is_root:
         return True
-    started = time.monotonic()
-    while not doorbell.all_arrived(arrival, rank=0):
-        doorbell.sleep_until_rung(arrival, _time_left(started, what, _sequence), rank=0)
+    _sleep_until_arrived(doorbell, arrival, what, _sequence, rank=0)
     window.Sync()
     offset = 0
     for b in buffers:
         b.reshape(-1).view(np.uint8)[...] = shared[offset : offset + b.nbytes]
         offset += b.nbytes
     return True
+
+
+def _sleep_until_arrived(doorbell: Doorbell, arrival: int, what: str, sequence: int, rank: int | None = None) -> None:
+    """Sleep until every rank (or just ``rank``) has rung for collective number ``arrival``, within the stall
+    timeout."""
+    started = time.monotonic()
+    while not doorbell.all_arrived(arrival, rank):
+        doorbell.sleep_until_rung(arrival, _time_left(started, what, sequence), rank)
 
 
 def _sleep_until_all_arrived(
@@ -370,9 +371,7 @@ def _exchange_on_host(doorbell: Doorbell, values: list[int], what: str, sequence
     doorbell.exchanges += 1
     slots[doorbell.index, : len(values)] = values
     arrival = doorbell.ring()  # its memory barriers publish the values before the arrival
-    started = time.monotonic()
-    while not doorbell.all_arrived(arrival):
-        doorbell.sleep_until_rung(arrival, _time_left(started, what, sequence))
+    _sleep_until_arrived(doorbell, arrival, what, sequence)
     doorbell.window.Sync()  # read the values only after seeing the arrivals
     return slots[:, : len(values)].copy()
 

@@ -9,7 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .comm import COMM_WORLD, exchange_int64, host_doorbell, meet, move_data, signature_digest
-from .shm import free_shared, room_for, shared_segments
+from .shm import allocate_agreed, free_shared, shared_segments
 
 
 class BatchMismatchError(ValueError):
@@ -100,38 +100,33 @@ class _HostSegments:
 
     def __init__(self) -> None:
         self.window: MPI.Win | None = None
-        self.segments: list[np.ndarray] = []
-        self.capacity = 0  # bytes of one half of this rank's segment
-        self.capacities: list[int] = []  # every rank's
+        self.segments: list[np.ndarray] = []  # every rank's, as mapped into this rank
         self.gathers = 0  # gathers over COMM_WORLD since the doorbell was set up
         self.through_shared_memory = 0  # of which the data went through the segments
         self.refused = False  # the system refused the memory once: every rank agreed to use MPI from then on
 
+    def capacity(self, r: int) -> int:
+        """Bytes of one half of rank r's segment (0 before any)."""
+        return len(self.segments[r]) // 2 if self.segments else 0
+
     def half(self, r: int, parity: int) -> np.ndarray:
-        capacity = self.capacities[r]
+        capacity = self.capacity(r)
         return self.segments[r][parity * capacity : (parity + 1) * capacity]
 
     def grow(self, comm: MPI.Comm, needed: int, limit: int) -> None:
         """Reallocate every rank's segment, this one to hold at least ``needed`` bytes per half (with room to
         spare, up to ``limit``). Collective over ``comm``; all ranks must be past any read of the old segments."""
         meet(comm, "rank0_accum_batches")  # the allocation's MPI calls spin: start it with every rank there
-        capacity = 0 if comm.Get_rank() == 0 else min(limit, max(self.capacity, 2 * needed, _MIN_SEGMENT_BYTES))
+        rank = comm.Get_rank()
+        capacity = 0 if rank == 0 else min(limit, max(self.capacity(rank), 2 * needed, _MIN_SEGMENT_BYTES))
         if self.window is not None:
             free_shared(self.window)
-            self.window, self.segments, self.capacity, self.capacities = None, [], 0, []
-        window = None
-        if room_for(comm, 2 * capacity):
-            try:
-                window, segments = shared_segments(comm, 2 * capacity)
-            except MPI.Exception:  # shared memory refused (a file size limit, say): MPI from now on
-                pass
-        if not comm.allreduce(window is not None, op=MPI.LAND):
-            if window is not None:
-                free_shared(window)
+            self.window, self.segments = None, []
+        allocated = allocate_agreed(comm, 2 * capacity, lambda: shared_segments(comm, 2 * capacity))
+        if allocated is None:  # no room in /dev/shm, or the system refused it: MPI from now on
             self.refused = True
             return
-        self.window, self.segments, self.capacity = window, segments, capacity
-        self.capacities = [len(segment) // 2 for segment in segments]
+        self.window, self.segments = allocated
 
 
 _host = _HostSegments()
@@ -173,7 +168,7 @@ def rank0_accum_batches(batch: Mapping[str, np.ndarray], comm: MPI.Comm | None =
         route = _FITS
     elif my_bytes > limit:
         route = _TOO_LARGE
-    elif my_bytes > _host.capacity:
+    elif my_bytes > _host.capacity(comm.Get_rank()):
         route = _GROW
     else:
         route = _FITS

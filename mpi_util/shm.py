@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 from mpi4py import MPI
+
+_Allocated = TypeVar("_Allocated", bound=tuple)
 
 
 def all_on_one_host(comm: MPI.Comm) -> bool:
@@ -80,3 +84,21 @@ def room_for(comm: MPI.Comm, nbytes: int) -> bool:
     total = comm.allreduce(nbytes, op=MPI.SUM)
     room = shared_memory_room()
     return bool(comm.allreduce(room is None or 2 * total <= room, op=MPI.LAND))
+
+
+def allocate_agreed(comm: MPI.Comm, nbytes: int, allocate: Callable[[], _Allocated]) -> _Allocated | None:
+    """Call ``allocate`` (a collective allocation of a shared window, ``nbytes`` of it on this rank, returning
+    (window, ...)) only if every rank agrees there is room for it (room_for); its result on every rank, or None on
+    every rank when there is no room or the system refused the memory on some rank (a file size limit, say; the
+    windows made elsewhere are freed again). Collective over ``comm``."""
+    allocated = None
+    if room_for(comm, nbytes):
+        try:
+            allocated = allocate()
+        except MPI.Exception:
+            pass
+    if comm.allreduce(allocated is not None, op=MPI.LAND):
+        return allocated
+    if allocated is not None:
+        free_shared(allocated[0])
+    return None
