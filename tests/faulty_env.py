@@ -3,9 +3,12 @@
 FAULT_KIND (raise | kill | hang | nan), FAULT_RANK and FAULT_AT_STEP (this process's env steps) choose what goes
 wrong, on which rank, when. FAULT_KIND=file_limit caps the size of files the ranks may write at FAULT_FILE_BYTES
 once they are running (as a full disk would fail the writes; set before MPI starts it would fail MPI's own shared
-memory). Without FAULT_KIND it is a plain Pendulum-v1.
+memory). FAULT_AFTER_FILE (a glob) makes the chosen rank wait, at most 60 s, until a file matching it exists before
+it fails: a checkpoint the test expects to survive is then complete, instead of racing the failure. Without
+FAULT_KIND it is a plain Pendulum-v1.
 """
 
+import glob
 import os
 import resource
 import signal
@@ -29,6 +32,10 @@ class FaultyPendulum(gymnasium.Wrapper):
         rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
         chosen = kind in ("raise", "kill", "hang", "nan") and rank == int(os.environ["FAULT_RANK"])
         if chosen and self.steps == int(os.environ["FAULT_AT_STEP"]):
+            after = os.environ.get("FAULT_AFTER_FILE")
+            waited_until = time.monotonic() + 60
+            while after and not glob.glob(after) and time.monotonic() < waited_until:
+                time.sleep(0.01)  # polls for the file; the test fails on its assertions if it never comes
             if kind == "raise":
                 raise RuntimeError(f"injected fault at step {self.steps}")
             if kind == "kill":

@@ -21,11 +21,11 @@ from mpi_util import launch
 FAULTY = "tests.faulty_env:FaultyPendulum-v0"
 
 
-def train_with_fault(tmp_path: Path, kind: str, rank: int, at_step: int,
-                     extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def train_with_fault(tmp_path: Path, kind: str, rank: int, at_step: int, extra: tuple[str, ...] = (),
+                     after_file: str = "") -> subprocess.CompletedProcess:
     """A 3-rank run of the faulty env; the time bound (well under the default 600 s stall timeout) shows that the
-    failure itself ended the job."""
-    env = {"FAULT_KIND": kind, "FAULT_RANK": str(rank), "FAULT_AT_STEP": str(at_step)}
+    failure itself ended the job. after_file: a glob the failing rank waits for first (FAULT_AFTER_FILE)."""
+    env = {"FAULT_KIND": kind, "FAULT_RANK": str(rank), "FAULT_AT_STEP": str(at_step), "FAULT_AFTER_FILE": after_file}
     return run_bounded([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536",
                         "--total_steps", "100000", "--logdir", str(tmp_path), *extra], timeout=150, env=env)
 
@@ -48,7 +48,11 @@ def test_exception_on_one_rank_ends_job_naming_rank(tmp_path):
 
 
 def test_sigkill_of_one_rank_ends_job_and_keeps_last_checkpoint(tmp_path):
-    result = train_with_fault(tmp_path, "kill", rank=1, at_step=1200, extra=("--checkpoint_every", "1"))
+    # Rank 1 dies 176 steps into iteration 3, a few milliseconds after iteration 2's checkpoint gather: it first
+    # waits for that checkpoint to be on disk, else the job's end could kill rank 0 mid-write (seen once in a
+    # fresh-clone .ci/run under load), leaving checkpoint 1 as the last good one: correct, but not what is asserted.
+    result = train_with_fault(tmp_path, "kill", rank=1, at_step=1200, extra=("--checkpoint_every", "1"),
+                              after_file=str(tmp_path / "*" / "checkpoints" / "ckpt_00000002.pkl"))
     assert result.returncode != 0
     assert_no_process_left(tmp_path)
     path, state, warnings = load_latest_checkpoint(next(tmp_path.iterdir()) / "checkpoints")
