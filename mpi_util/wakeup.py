@@ -17,10 +17,12 @@ Elsewhere collectives fall back to timed polling.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
 import sys
 
+import numpy as np
 from mpi4py import MPI
 
 from .shm import shared_int64
@@ -48,9 +50,10 @@ class Doorbell:
 
     Collective over ``comm`` to create. Window layout (int64): [bell, arrivals of rank 0, arrivals of rank 1, ...,
     then two sets of exchange slots (2, size, EXCHANGE_WIDTH)]; the futex waits on the low 32 bits of ``bell``. Each
-    slot has one writer (its rank), so plain stores suffice; the bell is bumped without an atomic add, which can
-    lose a count when two ranks ring at once but never leaves the word where a sleeper last read it, and a sleeper
-    also wakes by itself every ``max_sleep_s``.
+    slot has one writer (its rank), so plain stores suffice. The bell is bumped with an MPI atomic fetch-and-add, so
+    every ring changes it: with a plain load and store, a ringer preempted between the two could store the value
+    another ring had already stored, and a sleeper that had read that value just before would sleep through the
+    ring (until ``max_sleep_s``). ``timed_out_sleeps`` counts the sleeps that ended by timeout instead of a ring.
     """
 
     def __init__(self, comm: MPI.Comm, max_sleep_s: float = 0.25) -> None:
@@ -61,6 +64,9 @@ class Doorbell:
         self.arrivals = 0  # how many collectives this rank has entered through the doorbell
         self.exchange_slots = self.words[1 + self.size :].reshape(2, self.size, EXCHANGE_WIDTH)
         self.exchanges = 0  # how many exchanges this rank has made through exchange_slots
+        self.timed_out_sleeps = 0
+        self._one = np.ones(1, dtype=np.int64)
+        self._bell_before = np.zeros(1, dtype=np.int64)
         self._bell_address = ctypes.c_void_p(self.words.ctypes.data)
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.syscall.restype = ctypes.c_long
@@ -71,8 +77,8 @@ class Doorbell:
         self.window.Sync()  # what this rank wrote before ringing (exchange values, shared data) is seen first
         self.words[1 + self.index] = self.arrivals
         self.window.Sync()
-        self.words[0] += 1
-        self.window.Sync()
+        self.window.Fetch_and_op(self._one, self._bell_before, 0, 0, MPI.SUM)  # the bell is word 0 of rank 0's part
+        self.window.Flush(0)
         self._libc.syscall(_SYS_FUTEX, self._bell_address, _FUTEX_WAKE, _WAKE_ALL, None, None, 0)
         return self.arrivals
 
@@ -93,4 +99,5 @@ class Doorbell:
         seconds = max(0.0, min(timeout_s, self.max_sleep_s))
         timeout = _Timespec(int(seconds), int((seconds % 1.0) * 1e9))
         expected = ctypes.c_int32(bell if bell < 2**31 else bell - 2**32)  # the word as the kernel compares it
-        self._libc.syscall(_SYS_FUTEX, self._bell_address, _FUTEX_WAIT, expected, ctypes.byref(timeout), None, 0)
+        if self._libc.syscall(_SYS_FUTEX, self._bell_address, _FUTEX_WAIT, expected, ctypes.byref(timeout), None, 0):
+            self.timed_out_sleeps += int(ctypes.get_errno() == errno.ETIMEDOUT)
