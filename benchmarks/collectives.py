@@ -53,6 +53,8 @@ from typing import Any
 import numpy as np
 
 import mpi_util
+from mpi_util.collective import meet
+from mpi_util.process import COMM_WORLD
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "collectives"
@@ -123,7 +125,7 @@ class Worker:
     """One rank's part of the benchmark; rank 0 collects every rank's timings."""
 
     def __init__(self, rows: Sequence[int], reps_scale: float, work_s: float) -> None:
-        self.comm = mpi_util.COMM_WORLD
+        self.comm = COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.rows = list(rows)
@@ -133,7 +135,7 @@ class Worker:
     def sync(self) -> None:
         """Every rank arrives without spinning (so ranks done early leave the cores to rank 0), then a blocking
         Barrier releases them all at (nearly) the same moment."""
-        mpi_util.meet(self.comm, "benchmark sync")
+        meet(self.comm, "benchmark sync")
         self.comm.Barrier()
 
     def reps(self, base: int) -> int:

@@ -1,41 +1,34 @@
-"""mpi_util: parallelize a batch RL algorithm with MPI. Numpy in, numpy out; TensorFlow is never imported here.
+"""mpi_util: parallelize a batch RL algorithm with MPI. Numpy in, numpy out; neither TensorFlow nor torch is
+imported here (the adapters for their variables are duck-typed, and ``setup_gpu`` imports TensorFlow when called).
 
 The recipe, run by every rank::
 
     if mpi_fork(nprocs) == "parent": sys.exit(...)     # relaunch under mpiexec
     set_global_seeds(seed)                             # an independent stream per rank
+    rank0_bcast_wts(model)                             # every rank starts from rank 0's weights
     for iteration in ...:
         batch = rollout(...)                           # every rank, dict of numpy arrays
         batch = rank0_accum_batches(batch)             # rank 0: everyone's rows, in rank order
         if rank == 0:
             update(batch)                              # rank 0 alone learns
         rank0_bcast_wts(model)                         # everyone: rank 0's weights, bit for bit
+
+Modules: process (ranks, printing, abort), collective (ranks meet, then data moves), host (the one-host transport:
+doorbell, shared-memory exchange, broadcast window and gather segments), stall (stall limits and who to blame),
+gather, bcast, reduce, budget, gpu, launch, seeding; shm and wakeup are the shared-memory and futex primitives.
 """
 
-from .bcast import WeightMismatchError, rank0_bcast_wts
+from .bcast import WeightMismatchError, bcast_object, rank0_bcast_wts, ranks_out_of_sync
 from .budget import SharedBudget
-from .comm import (
-    COMM_WORLD,
-    CollectiveStallError,
-    abort,
-    all_mean,
-    all_sum,
-    install_abort_on_exception,
-    local_rank,
-    meet,
-    nworkers,
-    print0,
-    rank,
-    set_stall_timeout,
-    wait_without_spinning,
-)
-from .gather import BatchMismatchError, rank0_accum_batches
+from .gather import BatchMismatchError, gather_objects, rank0_accum_batches
 from .gpu import check_gpu_pct, setup_gpu, tf_config
 from .launch import ForkResult, MpiexecNotFoundError, find_mpiexec, mpi_fork, under_mpi_launcher
+from .process import abort, install_abort_on_exception, local_rank, nworkers, print0, rank
+from .reduce import all_mean, all_sum
 from .seeding import rank_seed, set_global_seeds
+from .stall import CollectiveStallError, set_stall_timeout, stall_deadline
 
 __all__ = [
-    "COMM_WORLD",
     "BatchMismatchError",
     "CollectiveStallError",
     "ForkResult",
@@ -45,11 +38,12 @@ __all__ = [
     "abort",
     "all_mean",
     "all_sum",
+    "bcast_object",
     "check_gpu_pct",
     "find_mpiexec",
+    "gather_objects",
     "install_abort_on_exception",
     "local_rank",
-    "meet",
     "mpi_fork",
     "nworkers",
     "print0",
@@ -57,10 +51,11 @@ __all__ = [
     "rank0_accum_batches",
     "rank0_bcast_wts",
     "rank_seed",
+    "ranks_out_of_sync",
     "set_global_seeds",
     "set_stall_timeout",
     "setup_gpu",
+    "stall_deadline",
     "tf_config",
     "under_mpi_launcher",
-    "wait_without_spinning",
 ]

@@ -1,4 +1,5 @@
-"""``rank0_bcast_wts``: give every rank rank 0's weights, bit for bit.
+"""``rank0_bcast_wts``: give every rank rank 0's weights, bit for bit; ``bcast_object`` for a small picklable object;
+``ranks_out_of_sync`` to check that every rank holds the same weights.
 
 The framework side stays thin: variables are read as numpy arrays and written back with ``assign`` (TF,
 Keras), ``copy_`` (torch) or slice assignment (numpy). Nothing here imports TensorFlow or torch.
@@ -6,13 +7,18 @@ Keras), ``copy_`` (torch) or slice assignment (numpy). Nothing here imports Tens
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from .comm import COMM_WORLD, bcast_on_host, exchange_int64, move_data, signature_digest
+from .collective import meet_and_exchange, move_data, signature_digest
+from .host import transport
+from .process import COMM_WORLD
+from .stall import watch
 
 # Variables smaller than this are packed per dtype into one buffer; larger ones are broadcast in place.
 _PACK_BELOW_BYTES = 256 * 1024
@@ -123,7 +129,7 @@ def rank0_bcast_wts(x: Any, comm: MPI.Comm | None = None) -> None:
 
     # Every rank learns every other rank's verdict before data moves, so a bad rank fails the call everywhere
     # instead of leaving the others blocked in the broadcast.
-    exchanged = exchange_int64(comm, [signature_digest(signature), int(bool(local_problem))], "rank0_bcast_wts")
+    exchanged = meet_and_exchange(comm, [signature_digest(signature), int(bool(local_problem))], "rank0_bcast_wts")
     if np.any(exchanged[1:, 1]):
         problems = comm.allgather(local_problem)
         bad_rank = next(r for r in range(1, comm.Get_size()) if problems[r])
@@ -146,10 +152,8 @@ def rank0_bcast_wts(x: Any, comm: MPI.Comm | None = None) -> None:
         else:
             flat = np.empty(sum(values[i].size for i in members), dtype=dtype)
         packed.append((members, flat))
-    buffers = [flat for _, flat in packed] + [v for v in values if v.nbytes >= _PACK_BELOW_BYTES]
-    if not bcast_on_host(comm, buffers, "rank0_bcast_wts"):
-        move_data(comm, lambda: [comm.Ibcast([b.reshape(-1).view(np.uint8), MPI.BYTE], root=0) for b in buffers],
-                  "rank0_bcast_wts")
+    _bcast_buffers(comm, [flat for _, flat in packed] + [v for v in values if v.nbytes >= _PACK_BELOW_BYTES],
+                   "rank0_bcast_wts")
     if not is_root:
         for members, flat in packed:
             offset = 0
@@ -159,3 +163,44 @@ def rank0_bcast_wts(x: Any, comm: MPI.Comm | None = None) -> None:
         for leaf, value in zip(leaves, values, strict=True):
             if value is not leaf:
                 _writer(leaf)(value)
+
+
+def _bcast_buffers(comm: MPI.Comm, buffers: list[np.ndarray], what: str) -> None:
+    """Rank 0's C-contiguous ``buffers`` into every rank's (same sizes on every rank), after an exchange in which
+    every rank arrived: through the host transport's shared window, else one Ibcast each."""
+    host = transport(comm)
+    if host is None or not host.bcast(buffers, what, watch.sequence):
+        move_data(comm, lambda: [comm.Ibcast([b.reshape(-1).view(np.uint8), MPI.BYTE], root=0) for b in buffers], what)
+
+
+def bcast_object(obj: Any, comm: MPI.Comm | None = None) -> Any:
+    """Rank 0's picklable ``obj`` on every rank (the other ranks' ``obj`` is ignored; pass None there).
+
+    For small state that is not an array (a config, a resumed run's per-rank state): pickled on rank 0 and moved as
+    rank0_bcast_wts moves weights, so ranks wait for each other without spinning and within the stall limit. Every
+    rank must call it.
+    """
+    comm = COMM_WORLD if comm is None else comm
+    if comm.Get_size() == 1:
+        return pickle.loads(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))  # a copy, as other ranks get
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if comm.Get_rank() == 0 else b""
+    size = int(meet_and_exchange(comm, [len(payload)], "bcast_object")[0, 0])
+    buffer = np.frombuffer(payload, dtype=np.uint8).copy() if comm.Get_rank() == 0 else np.empty(size, np.uint8)
+    _bcast_buffers(comm, [buffer], "bcast_object")
+    return pickle.loads(buffer.tobytes())
+
+
+def ranks_out_of_sync(x: Any, comm: MPI.Comm | None = None) -> list[int]:
+    """The ranks whose values of ``x`` differ from rank 0's in any bit (shapes and dtypes included), on every rank;
+    [] when every rank holds the same. x: anything rank0_bcast_wts takes. One small exchange of a 63-bit digest per
+    rank, no data moved. Every rank must call it."""
+    comm = COMM_WORLD if comm is None else comm
+    digest = hashlib.blake2b(digest_size=8)
+    for value in (_read(leaf) for leaf in _flatten(x)):
+        digest.update(repr((value.shape, value.dtype.str)).encode())
+        digest.update(value.tobytes())
+    mine = int.from_bytes(digest.digest(), "little") >> 1
+    if comm.Get_size() == 1:
+        return []
+    everyone = meet_and_exchange(comm, [mine], "ranks_out_of_sync")[:, 0]
+    return [r for r in range(comm.Get_size()) if everyone[r] != everyone[0]]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .comm import COMM_WORLD
+from .process import COMM_WORLD
 from .shm import all_on_one_host, free_shared, shared_int64
 
 

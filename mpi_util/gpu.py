@@ -7,7 +7,7 @@ import os
 import subprocess
 from typing import Any
 
-from .comm import local_rank, print0
+from .process import local_rank, print0
 
 
 def check_gpu_pct(gpu_pct: float) -> float:

@@ -12,7 +12,7 @@ from types import FrameType
 
 from mpi4py import MPI
 
-from .comm import COMM_WORLD, install_abort_on_exception
+from .process import COMM_WORLD, install_abort_on_exception
 
 # Set by mpiexec / mpirun / srun in every rank they start (MPICH Hydra, Open MPI, PMIx, Slurm's PMI).
 _LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID")

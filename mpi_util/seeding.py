@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from .comm import COMM_WORLD
+from .process import COMM_WORLD
 
 
 def rank_seed(seed: int, rank: int) -> int:

@@ -1,6 +1,6 @@
 """Waiting for the other ranks of one host without waking up every millisecond: a shared-memory doorbell.
 
-Timed polling (``comm.wait_without_spinning``) wakes a waiting rank every millisecond to ask MPI whether the
+Timed polling (``host.poll_requests``) wakes a waiting rank every millisecond to ask MPI whether the
 collective is done. With 8 ranks on 2 cores, the 7 that wait for rank 0's update wake 7,000 times a second and take
 a quarter of a core from it. Here a waiting rank sleeps in the kernel (a Linux futex on a word of an MPI
 shared-memory window) until another rank rings: every rank, having posted its part of a collective over

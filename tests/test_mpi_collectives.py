@@ -249,3 +249,21 @@ def test_gathered_batch_equals_sequential_rollouts_of_each_rank(run_mpi, tmp_pat
         gathered, sequential = saved[f"gathered_{key}"], saved[f"sequential_{key}"]
         assert gathered.shape[0] == 2 * 600
         assert gathered.tobytes() == sequential.tobytes(), key
+
+
+@pytest.mark.parametrize("nprocs", SIZES)
+def test_object_collectives_and_sync_check(run_mpi, tmp_path, nprocs):
+    import pickle
+
+    run_mpi(nprocs, "object_cases.py", str(tmp_path))
+    got = [pickle.loads((tmp_path / f"objects_{r}.pkl").read_bytes()) for r in range(nprocs)]
+    assert got[0]["gathered"] == [{"rank": r, "items": list(range(100 * r)), "name": f"r{r}"} for r in range(nprocs)]
+    assert [a.tolist() for a in got[0]["gathered_large"]] == [[float(r)] * (3 << 18) for r in range(nprocs)]
+    assert got[0]["gathered_none"] == [None] * nprocs
+    for r in range(nprocs):
+        if r:
+            assert got[r]["gathered"] is None and got[r]["gathered_large"] is None
+        assert got[r]["bcast"] == {"config": [1, 2.5, "x"], "from": 0}
+        np.testing.assert_array_equal(got[r]["bcast_large"], np.arange(5 << 20, dtype=np.float32))
+        assert got[r]["in_sync"] == []
+        assert got[r]["one_rank_off"] == ([nprocs - 1] if nprocs > 1 else [])

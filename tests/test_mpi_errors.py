@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -61,3 +63,24 @@ def test_bad_arguments_are_clear():
         mpi_util.check_gpu_pct(-0.1)
     with pytest.raises(ValueError, match="stall timeout"):
         mpi_util.set_stall_timeout(0)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_auto_stall_timeout_allows_warm_up_then_reports_a_hang_within_ten_waits(run_mpi, tmp_path, nprocs):
+    # Start-up limit 4 s and floor 1 s (scaled down from 600 s and 60 s): 2 s late in warm-up passes, 0.2 s late sets
+    # the limit to 10 x 0.2 = 2 s, and the hang is reported about 2 s into the call, naming the late rank.
+    result = run_mpi(nprocs, "stall_cases.py", str(tmp_path), "auto", timeout=60, check=False)
+    assert result.returncode == 3, result.stderr[-2000:]
+    outcome = json.loads((tmp_path / "stall.json").read_text())
+    assert outcome["call"] == 6, outcome
+    assert 1.9 <= outcome["waited_s"] <= 3.5, outcome
+    assert "in step" in outcome["error"] and "rank 1 has not arrived" in outcome["error"], outcome
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_stall_deadline_ends_a_wait_that_has_no_limit(run_mpi, tmp_path, nprocs):
+    result = run_mpi(nprocs, "stall_cases.py", str(tmp_path), "deadline", timeout=60, check=False)
+    assert result.returncode == 3, result.stderr[-2000:]
+    outcome = json.loads((tmp_path / "stall.json").read_text())
+    assert outcome["call"] == 2 and 1.4 <= outcome["waited_s"] <= 3.0, outcome
+    assert "a stop was requested" in outcome["error"] and "rank 1 has not arrived" in outcome["error"], outcome

@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 
 import mpi_util
+from mpi_util.process import COMM_WORLD
 from mpi_util.wakeup import Doorbell
 
 out_dir, rounds, max_sleep_s = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-doorbell = Doorbell(mpi_util.COMM_WORLD, max_sleep_s=max_sleep_s)
+doorbell = Doorbell(COMM_WORLD, max_sleep_s=max_sleep_s)
 slowest = 0.0
 for _ in range(rounds):
     started = time.monotonic()
@@ -23,7 +24,7 @@ for _ in range(rounds):
     while not doorbell.all_arrived(arrival):
         doorbell.sleep_until_rung(arrival, max_sleep_s)
     slowest = max(slowest, time.monotonic() - started)
-mpi_util.COMM_WORLD.Barrier()  # every rank has rung for the last time
+COMM_WORLD.Barrier()  # every rank has rung for the last time
 doorbell.window.Sync()
 result = {"timed_out_sleeps": doorbell.timed_out_sleeps, "slowest_round_s": slowest, "bell": int(doorbell.words[0]),
           "rings": rounds * mpi_util.nworkers}

@@ -18,7 +18,15 @@ from pathlib import Path
 import numpy as np
 
 import mpi_util
-import mpi_util.gather
+from mpi_util.host import HostTransport, transport
+from mpi_util.process import COMM_WORLD
+
+
+def gathers_through_segments() -> int:
+    """Gathers whose data went through the one-host transport's shared segments so far (0 without one)."""
+    host = transport(COMM_WORLD)
+    return host.gathers_through_segments if host else 0
+
 
 out_dir = Path(sys.argv[1])
 rank, size = mpi_util.rank, mpi_util.nworkers
@@ -39,12 +47,12 @@ def rows_for(case: str) -> int:
     return 3 * rank + 2  # a different count on every rank
 
 
-copy_from_segments = mpi_util.gather._copy_from_segments
+take_from_segment = HostTransport.gather_take
 
 
-def late_copy(*args, **kwargs) -> None:
+def late_take(*args, **kwargs) -> None:
     time.sleep(0.05)
-    copy_from_segments(*args, **kwargs)
+    take_from_segment(*args, **kwargs)
 
 
 CASES = ["mixed_dtypes", "zero_rows_on_rank1", "all_zero_rows", "mixed_dtypes_again", "large", "medium",
@@ -54,7 +62,7 @@ unlimited = resource.getrlimit(resource.RLIMIT_FSIZE)
 routes = {}
 for case in CASES:
     if case == "race_0":
-        mpi_util.gather._copy_from_segments = late_copy
+        HostTransport.gather_take = late_take
     n = rows_for(case)
     batch = {
         "obs": rng.standard_normal((n, 17)).astype(np.float32),
@@ -68,14 +76,15 @@ for case in CASES:
     }
     if case == "large" or case.startswith("medium"):
         batch = {"obs": batch["obs"], "act": batch["act"]}
-    before = mpi_util.gather._host.through_shared_memory
+    before = gathers_through_segments()
     if file_limit:
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, unlimited[1]))
     result = mpi_util.rank0_accum_batches(batch)
     resource.setrlimit(resource.RLIMIT_FSIZE, unlimited)
-    routes[case] = "shared" if mpi_util.gather._host.through_shared_memory > before else "mpi"
+    routes[case] = "shared" if gathers_through_segments() > before else "mpi"
     np.savez(out_dir / f"{case}_in_{rank}.npz", **batch)
     np.savez(out_dir / f"{case}_out_{rank}.npz", **result)
     assert list(result) == list(batch), (list(result), list(batch))
 (out_dir / f"routes_{rank}.json").write_text(json.dumps(routes))
-(out_dir / f"refused_{rank}.json").write_text(json.dumps(mpi_util.gather._host.refused))
+host = transport(COMM_WORLD)
+(out_dir / f"refused_{rank}.json").write_text(json.dumps(host.segments_refused if host else None))

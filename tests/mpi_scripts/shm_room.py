@@ -24,8 +24,9 @@ for k in range(3):
     if rank == 0:
         expected = np.concatenate([np.full((rows, 4), r + k, dtype=np.float32) for r in range(size)])
         assert np.array_equal(result["x"], expected), k
+host = mpi_util.host.transport(mpi_util.process.COMM_WORLD)
 (out_dir / f"shm_room_{rank}.json").write_text(json.dumps({
-    "bcast_fell_back": mpi_util.comm._host_bcast_failed,
-    "gather_fell_back": mpi_util.gather._host.refused,
-    "gathers_through_shared_memory": mpi_util.gather._host.through_shared_memory,
+    "bcast_fell_back": host.bcast_refused,
+    "gather_fell_back": host.segments_refused,
+    "gathers_through_shared_memory": host.gathers_through_segments,
 }))

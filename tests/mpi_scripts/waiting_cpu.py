@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 
 import mpi_util
-from mpi_util import bcast, comm, gather
+from mpi_util import bcast, collective, gather
+from mpi_util.host import transport
+from mpi_util.process import COMM_WORLD
 
 busy_s = float(sys.argv[1])
 late_data = sys.argv[3:] == ["late_data"]
@@ -20,14 +22,14 @@ rank = mpi_util.rank
 if late_data and rank == 0:
 
     def exchange_then_stall(*args, **kwargs):
-        exchanged = comm.exchange_int64(*args, **kwargs)
+        exchanged = collective.meet_and_exchange(*args, **kwargs)
         time.sleep(busy_s)
         return exchanged
 
-    gather.exchange_int64 = bcast.exchange_int64 = exchange_then_stall
+    gather.meet_and_exchange = bcast.meet_and_exchange = exchange_then_stall
 # The doorbell is set up once the ranks have met in a first collective over COMM_WORLD.
-mpi_util.meet(mpi_util.COMM_WORLD, "warm-up")
-cpu = {"doorbell": comm._doorbell is not None}
+collective.meet(COMM_WORLD, "warm-up")
+cpu = {"doorbell": transport(COMM_WORLD) is not None}
 calls = ["rank0_accum_batches", "rank0_bcast_wts"] + ([] if late_data else ["meet"])
 for name in calls:
     if rank == 0 and not late_data:
@@ -38,6 +40,6 @@ for name in calls:
     elif name == "rank0_bcast_wts":
         mpi_util.rank0_bcast_wts([np.zeros(40_000, np.float32)])
     else:
-        mpi_util.meet(mpi_util.COMM_WORLD, "after rank 0's work")
+        collective.meet(COMM_WORLD, "after rank 0's work")
     cpu[name] = {"cpu_s": time.process_time() - started, "wall_s": time.perf_counter() - wall}
 (Path(sys.argv[2]) / f"cpu_{rank}.json").write_text(json.dumps(cpu))
