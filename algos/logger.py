@@ -14,6 +14,7 @@ from typing import Any, TextIO
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.record_writer import RecordWriter
+from tqdm import tqdm
 
 # Columns of the console line: (key in the logged row, header, width, format spec). The CSV and TensorBoard
 # get every key.
@@ -62,8 +63,7 @@ class RunLogger:
         elif self._csv_path.exists():
             self._csv_path.unlink()
         self._lines_printed = 0
-        self._started = time.monotonic()
-        self._start_steps: int | None = None
+        self._bar: tqdm | None = None  # drawn from the first logged iteration on, below the lines
         self._tb = TensorBoardWriter(run_dir / "tb")
 
     def truncate_after(self, iteration: int) -> None:
@@ -93,32 +93,27 @@ class RunLogger:
         self._print(row)
 
     def _print(self, row: dict[str, Any]) -> None:
-        if self.progress_bar:
-            self.out.write("\r\033[K")  # clear the bar; it is redrawn below the new line
+        lines = []
         if self._lines_printed % 20 == 0:
-            self.out.write(" ".join(name.rjust(width) for _, name, width, _ in _CONSOLE) + "\n")
-        self.out.write(" ".join(_cell(row.get(key), width, spec) for key, _, width, spec in _CONSOLE) + "\n")
+            lines.append(" ".join(name.rjust(width) for _, name, width, _ in _CONSOLE))
+        lines.append(" ".join(_cell(row.get(key), width, spec) for key, _, width, spec in _CONSOLE))
         self._lines_printed += 1
-        if self.progress_bar:
-            self.out.write(self._bar(int(row["total_steps"])))
-        self.out.flush()
-
-    def _bar(self, steps: int) -> str:
-        if self._start_steps is None:
-            self._start_steps = steps
-            self._started = time.monotonic()
-        fraction = min(1.0, steps / max(1, self.total_steps))
-        elapsed = time.monotonic() - self._started
-        rate = (steps - self._start_steps) / elapsed if elapsed > 0 else 0.0
-        eta = (self.total_steps - steps) / rate if rate > 0 else float("nan")
-        filled = int(30 * fraction)
-        eta_text = "?" if math.isnan(eta) else time.strftime("%H:%M:%S", time.gmtime(max(0.0, eta)))
-        return f"[{'#' * filled}{'.' * (30 - filled)}] {100 * fraction:5.1f}% {steps}/{self.total_steps} ETA {eta_text}"
+        steps = int(row["total_steps"])
+        if not self.progress_bar:
+            self.out.write("\n".join(lines) + "\n")
+            self.out.flush()
+            return
+        if self._bar is None:
+            # The rate and ETA count from the first logged iteration (a resumed run starts part way).
+            self._bar = tqdm(total=self.total_steps, initial=steps, file=self.out, unit="step", unit_scale=True,
+                             dynamic_ncols=True, smoothing=0.1)
+        for line in lines:
+            self._bar.write(line, file=self.out)  # above the bar, which is redrawn below
+        self._bar.update(min(steps, self.total_steps) - self._bar.n)
 
     def close(self) -> None:
-        if self.progress_bar:
-            self.out.write("\n")
-            self.out.flush()
+        if self._bar is not None:
+            self._bar.close()
         self._tb.close()
 
 
