@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from .process import local_rank, print0
@@ -21,6 +25,38 @@ def check_gpu_pct(gpu_pct: float) -> float:
             f"gpu_pct must be in [0, 1] (fraction of each GPU's memory per process, 0 = grow as needed), got {gpu_pct}"
         )
     return value
+
+
+@contextlib.contextmanager
+def _tensorflow_start_up_silenced() -> Iterator[None]:
+    """Around TensorFlow's import and its first look at the devices: nothing it writes reaches the terminal, unless
+    the import fails (then all of it is written out) or the user set TF_CPP_MIN_LOG_LEVEL below 3 (then nothing is
+    held back).
+
+    Why at the file-descriptor level: TensorFlow's C++ code logs through absl before absl is configured ("WARNING: All
+    log messages before absl::InitializeLog() is called are written to STDERR", "Could not find cuda drivers", "failed
+    call to cuInit: ... CUDA error" on a machine without a GPU), which TF_CPP_MIN_LOG_LEVEL does not reach. Level 3 is
+    set for what it logs afterwards. What matters to the user (no GPU, gpu_pct ignored) setup_gpu says in one line.
+    """
+    if os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3") != "3":
+        yield
+        return
+    sys.stderr.flush()
+    terminal = os.dup(2)
+    with tempfile.TemporaryFile() as held_back:
+        os.dup2(held_back.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            sys.stderr.flush()
+            os.dup2(terminal, 2)
+            held_back.seek(0)
+            os.write(2, held_back.read())
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(terminal, 2)
+            os.close(terminal)
 
 
 def _gpu_total_memory_bytes(index: int) -> int | None:
@@ -57,13 +93,15 @@ def setup_gpu(gpu_pct: float | None = None) -> dict[str, Any]:
 
     gpu_pct: fraction of the GPU's memory this process may take, in (0, 1]; 0 lets TensorFlow grow as needed.
     None reads MPI_UTIL_GPU_PCT (set by ``mpi_fork``), default 0. Call before TensorFlow touches a GPU.
-    Without a GPU it does nothing and says so once, on rank 0. Returns what was done: {"gpu": index or None,
-    "memory_limit_mb": int or None}.
+    Imports TensorFlow without its start-up log lines (see _tensorflow_start_up_silenced): call it before anything
+    else imports TensorFlow. Without a GPU it does nothing and says so once, on rank 0. Returns what was done:
+    {"gpu": index or None, "memory_limit_mb": int or None}.
     """
     pct = check_gpu_pct(os.environ.get("MPI_UTIL_GPU_PCT", "0") if gpu_pct is None else gpu_pct)
-    import tensorflow as tf
+    with _tensorflow_start_up_silenced():
+        import tensorflow as tf
 
-    gpus = tf.config.list_physical_devices("GPU")
+        gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         if pct > 0:
             print0(f"mpi_util: no GPU visible to TensorFlow; gpu_pct={pct:g} has no effect, running on the CPU")
@@ -91,14 +129,15 @@ def tf_config(gpu_pct: float = 0.0) -> Any:
     only this rank's GPU (local rank modulo the GPU count) visible to the session.
     """
     pct = check_gpu_pct(gpu_pct)
-    import tensorflow as tf
+    with _tensorflow_start_up_silenced():
+        import tensorflow as tf
 
+        ngpus = len(tf.config.list_physical_devices("GPU"))
     config = tf.compat.v1.ConfigProto()
     if pct > 0:
         config.gpu_options.per_process_gpu_memory_fraction = pct
     else:
         config.gpu_options.allow_growth = True
-    ngpus = len(tf.config.list_physical_devices("GPU"))
     if ngpus:
         config.gpu_options.visible_device_list = str(local_rank() % ngpus)
     return config
