@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import hashlib
 import json
 import math
 import os
@@ -41,7 +40,7 @@ class TrainConfig:
     nprocs: int = 1
     """MPI processes; each rolls out batch_size / nprocs steps per iteration."""
     gpu_pct: float = 0.0
-    """Fraction of a GPU's memory each process may take (0: grow as needed)."""
+    """Fraction of a GPU's memory rank 0 (the only process that runs TensorFlow) may take (0: grow as needed)."""
     total_steps: int = 1_000_000
     """Stop after this many environment steps (all ranks together)."""
     num_episodes: int | None = None
@@ -62,8 +61,9 @@ class TrainConfig:
     """TRPO: the KL trust region (default 0.01); PPO: early-stop epochs beyond 1.5x this KL (default 0.02)."""
     hidden: tuple[int, ...] = (64, 64)
     """Hidden layer sizes of the policy and value MLPs."""
-    lr: float = 3e-4
-    """PPO: Adam learning rate. TRPO: value-function learning rate is 1e-3 unless this is changed."""
+    lr: float | None = None
+    """PPO: Adam learning rate (3e-4 when not given). TRPO: the value function's Adam learning rate (1e-3 when not
+    given). config.json records the value used."""
     lr_schedule: str = "linear"
     """PPO: "linear" decays lr to 0 over total_steps (OpenAI baselines' MuJoCo setting); "constant" keeps it."""
     epochs: int = 10
@@ -76,12 +76,31 @@ class TrainConfig:
     """Write a checkpoint every this many iterations (and at the end)."""
     check_sync: bool = False
     """Verify after every broadcast that all ranks hold bit-identical learner state."""
-    stall_timeout: float = 600.0
-    """Abort the job when a rank waits this many seconds for the others in a collective (0: never)."""
+    stall_timeout: float | str = "auto"
+    """Abort the job when a rank waits this long for the others in a collective: "auto" (the first two calls of each
+    collective may wait 10 minutes, later ones 10x the slowest wait seen so far, at least 60 s), a number of seconds,
+    or 0 (never)."""
+    config_version: int = 2
+    """Layout of config.json: 1 before lr applied to TRPO (whose value function then always learned at 1e-3)."""
+
+
+_DEFAULT_LR = {"ppo": 3e-4, "trpo": 1e-3}
+# What a resumed run may change; every other setting defines the run and comes from its config.json.
+_RESUMABLE = ("nprocs", "gpu_pct", "total_steps", "num_episodes", "checkpoint_every", "check_sync", "batch_split",
+              "stall_timeout")
+# After a stop request (Ctrl-C, SIGTERM), how long ranks wait for each other before the job ends without a final
+# checkpoint: a scheduler that preempts a job usually allows 30 s or more before it kills it.
+STOP_GRACE_S = 30.0
+
+
+def _default(name: str) -> str:
+    """TrainConfig's default for ``name`` as --help shows it."""
+    value = next(f.default for f in fields(TrainConfig) if f.name == name)
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    defaults = {f.name: f.default for f in fields(TrainConfig) if f.name != "env_id"}
+    """Command-line options; an option not given is None, so that --resume can tell what the user asked to change."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Outputs go to LOGDIR/<env>_<algo>_s<seed>_<time>/: config.json, progress.csv, tb/ (TensorBoard), "
@@ -89,62 +108,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("env_name", nargs="?", help="gymnasium env id; without a version the newest one "
                         "(Walker2d -> Walker2d-v5). Box observations, Box or Discrete actions.")
-    parser.add_argument("--algo", choices=["trpo", "ppo"], default=defaults["algo"],
-                        help="learning algorithm (default: %(default)s)")
-    parser.add_argument("--nprocs", type=str, default=str(defaults["nprocs"]),
-                        help="number of MPI processes; more than the cores is fine (default: %(default)s)")
-    parser.add_argument("--gpu_pct", type=float, default=defaults["gpu_pct"],
-                        help="fraction of GPU memory per process, in [0, 1]; 0 grows as needed; "
-                             "ignored without a GPU (default: %(default)s)")
-    parser.add_argument("--total_steps", type=int, default=defaults["total_steps"],
-                        help="budget in environment steps over all ranks (default: %(default)s)")
-    parser.add_argument("-n", "--num_episodes", type=int, default=None,
+    parser.add_argument("--algo", choices=["trpo", "ppo"],
+                        help=f"learning algorithm (default: {_default('algo')})")
+    parser.add_argument("--nprocs", type=str,
+                        help="number of MPI processes; more than the cores is fine; under mpiexec, mpirun or srun "
+                             f"the launcher's count is used (default: {_default('nprocs')})")
+    parser.add_argument("--gpu_pct", type=float,
+                        help="fraction of GPU memory for rank 0, the one process that runs TensorFlow, in [0, 1]; "
+                             f"0 grows as needed; ignored without a GPU (default: {_default('gpu_pct')})")
+    parser.add_argument("--total_steps", type=int,
+                        help=f"budget in environment steps over all ranks (default: {_default('total_steps')})")
+    parser.add_argument("-n", "--num_episodes", type=int,
                         help="also stop after this many finished episodes (default: no episode limit)")
-    parser.add_argument("-b", "--batch_size", type=int, default=defaults["batch_size"],
+    parser.add_argument("-b", "--batch_size", type=int,
                         help="environment steps per iteration over all ranks, split across ranks by steps "
-                             "(default: %(default)s)")
-    parser.add_argument("--envs_per_rank", type=int, default=defaults["envs_per_rank"],
+                             f"(default: {_default('batch_size')})")
+    parser.add_argument("--envs_per_rank", type=int,
                         help="environments each process steps in lockstep with one batched policy call; more "
-                             "spreads the policy's per-call cost (default: %(default)s)")
-    parser.add_argument("--batch_split", choices=["even", "shared"], default=defaults["batch_split"],
+                             f"spreads the policy's per-call cost (default: {_default('envs_per_rank')})")
+    parser.add_argument("--batch_split", choices=["even", "shared"],
                         help="'even': every process runs batch_size / nprocs steps (the same seed gives the same "
                              "results); 'shared': processes draw steps from one shared budget until the batch is "
                              "full, so none waits for a slowed-down one (faster when processes share cores or the "
-                             "machine is busy; not reproducible bit for bit; one host only) (default: %(default)s)")
-    parser.add_argument("-g", "--gamma", type=float, default=defaults["gamma"],
-                        help="discount factor, in (0, 1] (default: %(default)s)")
-    parser.add_argument("-l", "--lam", type=float, default=defaults["lam"],
-                        help="GAE lambda, in (0, 1] (default: %(default)s)")
-    parser.add_argument("-k", "--kl_targ", type=float, default=None,
+                             "machine is busy; not reproducible bit for bit; one host only) "
+                             f"(default: {_default('batch_split')})")
+    parser.add_argument("-g", "--gamma", type=float,
+                        help=f"discount factor, in (0, 1] (default: {_default('gamma')})")
+    parser.add_argument("-l", "--lam", type=float, help=f"GAE lambda, in (0, 1] (default: {_default('lam')})")
+    parser.add_argument("-k", "--kl_targ", type=float,
                         help="TRPO: KL trust region (default 0.01); PPO: stop an update's epochs when KL "
                              "exceeds 1.5x this (default 0.02)")
-    parser.add_argument("--hidden", type=str, default="64,64",
-                        help="hidden layer sizes of the policy and value MLPs (default: %(default)s)")
-    parser.add_argument("--lr", type=float, default=defaults["lr"],
-                        help="PPO Adam learning rate (default: %(default)s)")
-    parser.add_argument("--lr_schedule", choices=["linear", "constant"], default=defaults["lr_schedule"],
+    parser.add_argument("--hidden", type=str,
+                        help=f"hidden layer sizes of the policy and value MLPs (default: {_default('hidden')})")
+    parser.add_argument("--lr", type=float,
+                        help="PPO: Adam learning rate (default 3e-4); TRPO: the value function's Adam learning "
+                             "rate (default 1e-3)")
+    parser.add_argument("--lr_schedule", choices=["linear", "constant"],
                         help="PPO: 'linear' decays the learning rate to 0 over --total_steps (a --resume with "
                              "a new --total_steps follows the new budget), 'constant' keeps it (default: "
-                             "%(default)s)")
-    parser.add_argument("--epochs", type=int, default=defaults["epochs"],
-                        help="PPO epochs per batch (default: %(default)s)")
-    parser.add_argument("--minibatch_size", type=int, default=defaults["minibatch_size"],
-                        help="PPO minibatch / TRPO value-function minibatch rows (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=defaults["seed"], help="base seed (default: %(default)s)")
-    parser.add_argument("--checkpoint_every", type=int, default=defaults["checkpoint_every"],
-                        help="iterations between checkpoints (default: %(default)s)")
-    parser.add_argument("--check_sync", action="store_true",
+                             f"{_default('lr_schedule')})")
+    parser.add_argument("--epochs", type=int, help=f"PPO epochs per batch (default: {_default('epochs')})")
+    parser.add_argument("--minibatch_size", type=int,
+                        help="PPO minibatch / TRPO value-function minibatch rows "
+                             f"(default: {_default('minibatch_size')})")
+    parser.add_argument("--seed", type=int, help=f"base seed (default: {_default('seed')})")
+    parser.add_argument("--checkpoint_every", type=int,
+                        help=f"iterations between checkpoints (default: {_default('checkpoint_every')})")
+    parser.add_argument("--check_sync", action="store_true", default=None,
                         help="after every broadcast verify that all ranks hold bit-identical weights and normalizer "
-                             "statistics (one small extra gather per iteration; logged as sync_ok)")
-    parser.add_argument("--stall_timeout", type=float, default=TrainConfig.stall_timeout,
+                             "statistics (one small extra exchange per iteration; logged as sync_ok)")
+    parser.add_argument("--stall_timeout", type=str,
                         help="seconds a process may wait for the others at a gather or broadcast before the job "
-                             "is aborted, naming the process that did not arrive; 0 waits forever "
-                             "(default: %(default)s)")
+                             "is aborted, naming the process that did not arrive; 'auto' allows 10 minutes for the "
+                             "first two calls of each (start-up, compiling), then 10x the slowest wait seen so far, "
+                             f"at least 60 s; 0 waits forever (default: {_default('stall_timeout')})")
     parser.add_argument("--logdir", type=str, default="runs",
                         help="directory that holds the run directories (default: %(default)s)")
     parser.add_argument("--resume", type=str, metavar="RUN_DIR", default=None,
-                        help="continue the run in RUN_DIR from its newest good checkpoint; --nprocs and the "
-                             "budget may be changed, the env and algorithm may not")
+                        help="continue the run in RUN_DIR from its newest good checkpoint; --nprocs, --gpu_pct, the "
+                             "budget (--total_steps, --num_episodes), --checkpoint_every, --check_sync, --batch_split "
+                             "and --stall_timeout may be changed, the other settings may not")
     parser.add_argument("--play", type=str, metavar="RUN_DIR", default=None,
                         help="run RUN_DIR's saved policy (deterministic) and print episode returns")
     parser.add_argument("--episodes", type=int, default=5, help="episodes for --play (default: %(default)s)")
@@ -207,54 +230,60 @@ def load_saved_config(run_dir: Path) -> dict:
     saved.setdefault("lr_schedule", "constant")  # runs from before the schedule existed had a constant lr
     saved.setdefault("envs_per_rank", 1)
     saved.setdefault("batch_split", "even")
+    if saved.get("config_version", 1) < 2:
+        if saved["algo"] == "trpo":
+            saved["lr"] = 1e-3  # what TRPO's value function used, whatever lr said
+        saved["config_version"] = 2
     return saved
+
+
+def explicit_settings(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields the user set on the command line, parsed; ValueError with a one-line reason if bad."""
+    names = {f.name for f in fields(TrainConfig)}
+    given = {name: value for name, value in vars(args).items() if name in names and value is not None}
+    if "nprocs" in given:
+        if not re.fullmatch(r"\d+", given["nprocs"]) or int(given["nprocs"]) < 1:
+            raise ValueError(f"--nprocs must be an integer >= 1, got '{given['nprocs']}'")
+        given["nprocs"] = int(given["nprocs"])
+    if "hidden" in given:
+        try:
+            given["hidden"] = tuple(int(h) for h in given["hidden"].split(","))
+        except ValueError:
+            raise ValueError(f"--hidden must be comma-separated layer sizes like 64,64, got '{args.hidden}'") from None
+        if min(given["hidden"]) < 1:
+            raise ValueError(f"--hidden sizes must be positive, got '{args.hidden}'")
+    if "stall_timeout" in given and given["stall_timeout"] != "auto":
+        try:
+            given["stall_timeout"] = float(given["stall_timeout"])
+        except ValueError:
+            raise ValueError(f"--stall_timeout must be 'auto' or a number of seconds, got '{args.stall_timeout}'") \
+                from None
+    return given
 
 
 def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
     """The run's config, its directory, and whether it resumes; ValueError with a one-line reason if bad."""
-    nprocs_text = args.nprocs
-    if not re.fullmatch(r"\d+", str(nprocs_text)) or int(nprocs_text) < 1:
-        raise ValueError(f"--nprocs must be an integer >= 1, got '{nprocs_text}'")
-    nprocs = int(nprocs_text)
-    if not 0.0 <= args.gpu_pct <= 1.0:
-        raise ValueError(f"--gpu_pct must be in [0, 1] (fraction of GPU memory per process), got {args.gpu_pct}")
-    try:
-        hidden = tuple(int(h) for h in args.hidden.split(","))
-    except ValueError:
-        raise ValueError(f"--hidden must be comma-separated layer sizes like 64,64, got '{args.hidden}'") from None
-    if not hidden or min(hidden) < 1:
-        raise ValueError(f"--hidden sizes must be positive, got '{args.hidden}'")
-
+    given = explicit_settings(args)
     if args.resume:
         run_dir = Path(args.resume)
-        config_path = run_dir / "config.json"
-        if not config_path.is_file():
+        if not (run_dir / "config.json").is_file():
             raise ValueError(f"--resume {run_dir}: not a run directory (no config.json)")
         saved = load_saved_config(run_dir)
         if args.env_name and resolve_env_id(args.env_name) != saved["env_id"]:
             raise ValueError(f"--resume {run_dir} is a {saved['env_id']} run, not {resolve_env_id(args.env_name)}")
-        if "--algo" in sys.argv and args.algo != saved["algo"]:
-            raise ValueError(f"--resume {run_dir} is a {saved['algo']} run, not {args.algo}")
-        config = TrainConfig(**saved)
-        config.nprocs, config.gpu_pct = nprocs, args.gpu_pct
-        # A resumed run may get a new budget; the learning hyperparameters stay those of the run.
-        config.total_steps = args.total_steps if "--total_steps" in sys.argv else config.total_steps
-        config.num_episodes = args.num_episodes if args.num_episodes is not None else config.num_episodes
-        config.check_sync = args.check_sync or config.check_sync
-        config.batch_split = args.batch_split if "--batch_split" in sys.argv else config.batch_split
-        config.stall_timeout = args.stall_timeout
+        if given.get("algo", saved["algo"]) != saved["algo"]:
+            raise ValueError(f"--resume {run_dir} is a {saved['algo']} run, not {given['algo']}")
+        for name, value in given.items():
+            if name not in _RESUMABLE and value != saved[name]:
+                raise ValueError(f"--resume {run_dir}: --{name} is {saved[name]} in this run and cannot be changed "
+                                 f"when resuming (drop --{name}, or start a new run)")
+        # The resumed run keeps its settings; what may change is the budget and how the job runs.
+        config = TrainConfig(**{**saved, "nprocs": 1, "gpu_pct": 0.0, "stall_timeout": "auto", **given})
     else:
         if not args.env_name:
             raise ValueError("name an environment, e.g. `python train.py Walker2d`, or pass --resume/--play RUN_DIR")
-        config = TrainConfig(
-            env_id=resolve_env_id(args.env_name), algo=args.algo, nprocs=nprocs, gpu_pct=args.gpu_pct,
-            total_steps=args.total_steps, num_episodes=args.num_episodes, batch_size=args.batch_size,
-            envs_per_rank=args.envs_per_rank, batch_split=args.batch_split,
-            gamma=args.gamma, lam=args.lam, kl_targ=args.kl_targ, hidden=hidden, lr=args.lr,
-            lr_schedule=args.lr_schedule, epochs=args.epochs,
-            minibatch_size=args.minibatch_size, seed=args.seed, checkpoint_every=args.checkpoint_every,
-            check_sync=args.check_sync, stall_timeout=args.stall_timeout,
-        )
+        config = TrainConfig(env_id=resolve_env_id(args.env_name), **given)
+        config.lr = config.lr if config.lr is not None else _DEFAULT_LR[config.algo]
         run_dir = Path(os.environ.get(_RUN_DIR_VARIABLE) or unused_run_dir(
             Path(args.logdir) / f"{config.env_id}_{config.algo}_s{config.seed}_{time.strftime('%Y%m%d-%H%M%S')}"))
     check_config(config)
@@ -304,8 +333,10 @@ def check_config(config: TrainConfig) -> None:
             raise ValueError(f"--{name} must be in (0, 1], got {getattr(config, name)}")
     if config.kl_targ is not None and not config.kl_targ > 0:
         raise ValueError(f"--kl_targ must be > 0, got {config.kl_targ}")
-    if config.stall_timeout < 0:
-        raise ValueError(f"--stall_timeout must be >= 0 seconds (0: never), got {config.stall_timeout}")
+    if config.stall_timeout != "auto" and not config.stall_timeout >= 0:
+        raise ValueError(f"--stall_timeout must be 'auto' or >= 0 seconds (0: never), got {config.stall_timeout}")
+    if not 0.0 <= config.gpu_pct <= 1.0:
+        raise ValueError(f"--gpu_pct must be in [0, 1] (fraction of GPU memory per process), got {config.gpu_pct}")
     if not config.lr > 0:
         raise ValueError(f"--lr must be > 0, got {config.lr}")
     check_env_spaces(config.env_id)
@@ -353,110 +384,100 @@ def main() -> int:
     return train(config, run_dir, resuming)
 
 
-def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    rank, nprocs = mpi_util.rank, mpi_util.nworkers
-    mpi_util.setup_gpu(config.gpu_pct)
-    import gymnasium
-    import tensorflow as tf
+def _counter(index: int, doc: str) -> property:
+    def get(self: Counters) -> int:
+        return int(self.array[index])
 
-    from algos import PPO, TRPO, ActorCritic, PPOConfig, RolloutWorker, TRPOConfig
-    from algos.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
-    from algos.env_state import restore_env, snapshot_env
-    from algos.logger import RunLogger
+    def set_(self: Counters, value: int) -> None:
+        self.array[index] = value
 
-    # Rank 0 alone runs the update: it gets every core while the workers wait (without spinning).
-    tf.config.threading.set_intra_op_parallelism_threads((os.cpu_count() or 1) if rank == 0 else 1)
-    tf.config.threading.set_inter_op_parallelism_threads(2 if rank == 0 else 1)
-    tf.config.experimental.enable_op_determinism()  # same seed and nprocs, same results
-    mpi_util.set_global_seeds(config.seed)
-    mpi_util.set_stall_timeout(config.stall_timeout or None)
+    return property(get, set_, doc=doc)
 
-    # Ctrl-C or SIGTERM (mpiexec passes them on to every rank): finish the iteration, checkpoint, exit cleanly.
-    # Rank 0's flag decides, through the broadcast counters, so every rank stops at the same iteration.
-    stop_signals: list[int] = []
 
-    def request_stop(signum: int, _frame: object) -> None:
-        if stop_signals:
+class Counters:
+    """What rank 0 counts; broadcast with the weights as one int64 array (4,), so every rank agrees on when to stop."""
+
+    iteration = _counter(0, "iterations completed")
+    total_steps = _counter(1, "environment steps, all ranks together")
+    total_episodes = _counter(2, "episodes finished, all ranks together")
+    stop = _counter(3, "1 once rank 0 has decided that the iteration just done is the last")
+
+    def __init__(self) -> None:
+        self.array = np.zeros(4, dtype=np.int64)
+
+    def budget_spent(self, config: TrainConfig) -> bool:
+        return (self.total_steps >= config.total_steps
+                or (config.num_episodes is not None and self.total_episodes >= config.num_episodes))
+
+
+class StopRequest:
+    """Ctrl-C or SIGTERM (mpiexec passes them on to every rank): finish the iteration, checkpoint, exit cleanly.
+
+    Rank 0's request decides, through the broadcast counters, so every rank stops after the same iteration. From the
+    request on, every rank waits at most STOP_GRACE_S for the others (mpi_util.stall_deadline): a rank that hangs
+    ends the job then, named, instead of holding it for the whole stall timeout. A second signal stops at once.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        signal.signal(signal.SIGINT, self._request)
+        signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum: int, _frame: object) -> None:
+        if self.signum is not None:
             raise KeyboardInterrupt  # a second signal: stop now, without a checkpoint
-        stop_signals.append(signum)
+        self.signum = signum
+        mpi_util.stall_deadline(STOP_GRACE_S, f"{STOP_GRACE_S:g} s after the stop request (signal {signum})")
         mpi_util.print0(f"received signal {signum}: stopping after this iteration with a checkpoint "
                         "(send it again to stop at once)")
 
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    @staticmethod
+    def ignore_from_now_on() -> None:
+        """Training is over and checkpointed: a late Ctrl-C / SIGTERM must not kill a rank while MPI shuts down
+        (Python restores the default handlers at exit, before MPI_Finalize), which would fail a clean job."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-    envs = [gymnasium.make(config.env_id) for _ in range(config.envs_per_rank)]
-    worker = RolloutWorker(envs, seed=mpi_util.rank_seed(config.seed, rank), gamma=config.gamma, lam=config.lam)
-    action_rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(rank, 1)))
-    ac = ActorCritic(envs[0].observation_space.shape[0], envs[0].action_space, hidden=config.hidden)
-    learner: PPO | TRPO | None = None
-    if rank == 0:
-        if config.algo == "ppo":
-            learner = PPO(ac, PPOConfig(lr=config.lr, epochs=config.epochs, minibatch_size=config.minibatch_size,
-                                        target_kl=config.kl_targ or 0.02), seed=config.seed)
-        else:
-            learner = TRPO(ac, TRPOConfig(max_kl=config.kl_targ or 0.01, vf_minibatch_size=config.minibatch_size),
-                           seed=config.seed)
 
-    # counters: [iteration, total_steps, total_episodes, stop]; rank 0 owns them and broadcasts them
-    # with the weights, so every rank agrees on when to stop.
-    counters = np.zeros(4, dtype=np.int64)
+def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
+    """The loop of ../shared/DESIGN.md, run by every rank: roll out, gather to rank 0, rank 0 updates, broadcast.
+
+    Only rank 0 imports TensorFlow: it holds the actor-critic and the PPO / TRPO update. The other ranks act with
+    numpy copies of rank 0's weights and normalizers, received into arrays of the same shapes.
+    """
+    import gymnasium
+
+    from algos.numpy_actor import NumpyActor, actor_critic_state_like
+
+    rank, nprocs = mpi_util.rank, mpi_util.nworkers
+    mpi_util.set_global_seeds(config.seed)
+    mpi_util.set_stall_timeout(None if config.stall_timeout == 0 else config.stall_timeout)
+    stop = StopRequest()
+    probe_env = gymnasium.make(config.env_id)
+    obs_dim, action_space = probe_env.observation_space.shape[0], probe_env.action_space
+    probe_env.close()
+    discrete = isinstance(action_space, gymnasium.spaces.Discrete)
+    act_dim = int(action_space.n) if discrete else int(action_space.shape[0])
+
+    worker, action_rng = make_rollout_worker(config, rank, seed_path=())
+    counters = Counters()
+    learner = Learner(config, run_dir, obs_dim, action_space, resuming) if rank == 0 else None
+    # What rank 0 broadcasts each iteration: the actor-critic's variables and normalizers (rank 0's own, read from
+    # TensorFlow; everyone else's, numpy arrays of the same shapes), then the counters.
+    actor_state = learner.ac.broadcast_state() if learner else actor_critic_state_like(obs_dim, act_dim,
+                                                                                        config.hidden, discrete)
+    learner_state = [*actor_state, counters.array]
+
     elapsed_before = 0.0
     if resuming:
-        per_rank_state = None
-        if rank == 0:
-            path, state, warnings = load_latest_checkpoint(run_dir / "checkpoints")
-            for warning in warnings:
-                mpi_util.print0(f"train.py: warning: {warning}")
-            for var, value in zip(ac.broadcast_state(), state["ac_state"], strict=True):
-                if isinstance(var, np.ndarray):
-                    var[...] = value
-                else:
-                    var.assign(value)
-            learner.set_optimizer_state(state["optimizer"])
-            learner.set_rng_state(state["learner_rng"])
-            counters[:3] = state["counters"][:3]
-            elapsed_before = state["elapsed_s"]
-            same_layout = state["nprocs"] == nprocs
-            per_rank_state = state["ranks"] if same_layout else [None] * nprocs
-            mpi_util.print0(f"resuming {run_dir} from {path.name}: iteration {counters[0]}, step {counters[1]}"
-                            + ("" if same_layout else f" (was {state['nprocs']} processes: fresh episodes)"))
-        mine = mpi_util.COMM_WORLD.scatter(per_rank_state, root=0)
-        if mine is not None:
-            # Checkpoints from before several envs per rank hold one env under "env".
-            worker.envs = [restore_env(blob) for blob in mine.get("envs", [mine.get("env")])]
-            worker.restore_episode(mine["episode"])
-            action_rng.bit_generator.state = mine["action_rng"]
-        else:
-            fresh_seed = np.random.SeedSequence(config.seed, spawn_key=(rank, 2, int(counters[0]))).generate_state(1)
-            worker = RolloutWorker([gymnasium.make(config.env_id) for _ in range(config.envs_per_rank)],
-                                   seed=int(fresh_seed[0]), gamma=config.gamma, lam=config.lam)
-
-    def budget_spent() -> bool:
-        return bool(counters[1] >= config.total_steps
-                    or (config.num_episodes is not None and counters[2] >= config.num_episodes))
-
-    logger = None
-    if rank == 0:
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            run_lock = lock_run_dir(run_dir)  # held until this process exits
-            if run_lock is None:
-                mpi_util.abort(f"train.py: error: {run_dir} is in use by another training job; wait for it to end")
-            (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
-            logger = RunLogger(run_dir, config.total_steps, progress_bar=os.environ.get(_TTY_VARIABLE) == "1",
-                               resume=resuming)
-            if resuming:
-                logger.truncate_after(int(counters[0]))
-        except OSError as error:
-            mpi_util.abort(f"train.py: error: cannot write the run directory {run_dir}: {error}")
-        counters[3] = budget_spent()
+        worker, action_rng, elapsed_before = restore(config, run_dir, learner, counters, worker, action_rng)
+    if learner:
+        learner.open_logs(resuming, counters.iteration)
+        counters.stop = counters.budget_spent(config)
         mpi_util.print0(f"{config.algo.upper()} on {config.env_id}: {nprocs} processes, batch {config.batch_size} "
                         f"steps, budget {config.total_steps} steps; run directory {run_dir}")
+    mpi_util.rank0_bcast_wts(learner_state)  # every rank starts from rank 0's weights and counters
 
-    broadcast_state = [*ac.broadcast_state(), counters]
-    mpi_util.rank0_bcast_wts(broadcast_state)  # every rank starts from rank 0's weights and counters
     my_steps = steps_of_rank(config.batch_size, nprocs, rank)
     budget = None
     if config.batch_split == "shared" and nprocs > 1:
@@ -466,97 +487,226 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
             mpi_util.abort(f"train.py: error: --batch_split shared: {error}")
         my_steps = config.batch_size  # the most one rank may draw
     started = time.monotonic()
+    try:
+        while not counters.stop:
+            t0 = time.monotonic()
+            actor = NumpyActor.from_ac_state([as_numpy(v) for v in actor_state], config.hidden, discrete)
+            batch, episodes = worker.collect(my_steps, actor, action_rng, budget.take if budget else None)
+            t1 = time.monotonic()
+            batch = mpi_util.rank0_accum_batches(batch)
+            episodes = mpi_util.rank0_accum_batches(episodes)
+            t2 = time.monotonic()
+            if budget is not None and rank == 0:
+                budget.refill()  # every rank has stopped drawing (it is past the gather); none starts before the bcast
+            stats = learner.update(batch, episodes, counters, stop_requested=stop.signum is not None) if learner else {}
+            t3 = time.monotonic()
+            mpi_util.rank0_bcast_wts(learner_state)
+            t4 = time.monotonic()
+            sync_ok = check_sync(learner_state, counters) if config.check_sync else math.nan
+            if learner:
+                learner.log(counters, episodes, stats, sync_ok, timings=(t0, t1, t2, t3, t4),
+                            wall_s=elapsed_before + t4 - started)
+            if counters.iteration % config.checkpoint_every == 0 or counters.stop:
+                checkpoint(run_dir, learner, counters, worker, action_rng, nprocs,
+                           elapsed_s=elapsed_before + time.monotonic() - started)
+    except mpi_util.CollectiveStallError as error:
+        if stop.signum is None:
+            raise
+        from algos.checkpoint import list_checkpoints
 
-    def checkpoint() -> None:
-        # Every rank's episode state and RNG goes to rank 0 (small pickles), which writes one file.
-        mine = {"envs": [snapshot_env(env) for env in worker.envs], "episode": worker.episode_state(),
-                "action_rng": action_rng.bit_generator.state}
-        ranks_state = mpi_util.COMM_WORLD.gather(mine, root=0)
-        if rank == 0:
-            try:
-                save_checkpoint(run_dir / "checkpoints", int(counters[0]), {
-                    "config": asdict(config), "nprocs": nprocs, "counters": counters.copy(),
-                    "elapsed_s": elapsed_before + time.monotonic() - started,
-                    "ac_state": [as_numpy(v) for v in ac.broadcast_state()],
-                    "optimizer": learner.optimizer_state(), "learner_rng": learner.rng_state(),
-                    "ranks": ranks_state,
-                })
-            except OSError as error:
-                kept = list_checkpoints(run_dir / "checkpoints")
-                mpi_util.abort(f"train.py: error: cannot write the checkpoint of iteration {counters[0]} in "
-                               f"{run_dir / 'checkpoints'}: {error.strerror or error}; the last good checkpoint, "
-                               f"{kept[-1].name if kept else 'none'}, is untouched")
+        kept = list_checkpoints(run_dir / "checkpoints")
+        mpi_util.abort(f"train.py: {error}. The job ends without a final checkpoint; the last good one, "
+                       f"{kept[-1].name if kept else 'none'}, is kept: continue with "
+                       f"python train.py --resume {run_dir}")
 
-    while not counters[3]:
-        t0 = time.monotonic()
-        batch, episodes = worker.collect(my_steps, ac.numpy_actor(), action_rng, budget.take if budget else None)
-        t1 = time.monotonic()
-        batch = mpi_util.rank0_accum_batches(batch)
-        episodes = mpi_util.rank0_accum_batches(episodes)
-        t2 = time.monotonic()
-        if budget is not None and rank == 0:
-            budget.refill()  # every rank has stopped drawing (it is past the gather); none starts before the bcast
-        if rank == 0 and len(batch["adv"]) != config.batch_size:
-            raise RuntimeError(f"gathered {len(batch['adv'])} steps, expected --batch_size {config.batch_size}")
-        stats: dict[str, float] = {}
-        if rank == 0:
-            if config.algo == "ppo" and config.lr_schedule == "linear":
-                # The fraction of the step budget still ahead, counting this batch: the first update uses lr,
-                # the last about lr / iterations (a resume with a smaller budget floors it at 0).
-                learner.set_learning_rate(config.lr * max(0.0, 1.0 - counters[1] / config.total_steps))
-            stats = learner.update(batch["obs"], batch["act"], batch["adv"], batch["ret"])
-            counters[0] += 1
-            counters[1] += config.batch_size
-            counters[2] += len(episodes["ep_return"])
-            counters[3] = budget_spent() or bool(stop_signals)
-        t3 = time.monotonic()
-        mpi_util.rank0_bcast_wts(broadcast_state)
-        t4 = time.monotonic()
-        sync_ok = math.nan
-        if config.check_sync:
-            digest = hashlib.sha256(b"".join(as_numpy(v).tobytes() for v in broadcast_state)).digest()
-            digests = mpi_util.rank0_accum_batches({"sha256": np.frombuffer(digest, np.uint8)[None]})["sha256"]
-            if rank == 0:
-                sync_ok = float(bool(np.all(digests == digests[0])))
-                if not sync_ok:
-                    raise RuntimeError(f"ranks hold different learner state after iteration {counters[0]}: "
-                                       f"rank(s) {np.nonzero(np.any(digests != digests[0], axis=1))[0].tolist()}")
-        if rank == 0:
-            returns = episodes["ep_return"]
-            row = {
-                "iteration": int(counters[0]), "total_steps": int(counters[1]), "total_episodes": int(counters[2]),
-                "ep_return_mean": float(returns.mean()) if len(returns) else math.nan,
-                "ep_return_min": float(returns.min()) if len(returns) else math.nan,
-                "ep_return_max": float(returns.max()) if len(returns) else math.nan,
-                "ep_length_mean": float(episodes["ep_length"].mean()) if len(returns) else math.nan,
-                "episodes": len(returns), "steps_per_s": config.batch_size / (t4 - t0),
-                **{key: float(value) for key, value in stats.items()},
-                "t_rollout": t1 - t0, "t_gather": t2 - t1, "t_update": t3 - t2, "t_bcast": t4 - t3,
-                "wall_s": elapsed_before + t4 - started, "sync_ok": sync_ok,
-            }
-            try:
-                logger.log(row)
-            except OSError as error:
-                mpi_util.abort(f"train.py: error: cannot write the logs in {run_dir}: {error}")
-        if counters[0] % config.checkpoint_every == 0 or counters[3]:
-            checkpoint()
-
-    # Training is over and checkpointed: a late Ctrl-C / SIGTERM must not kill a rank while MPI shuts down
-    # (Python restores the default handlers at exit, before MPI_Finalize), which would turn a clean end into a
-    # failed job.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if rank == 0:
-        logger.close()
-        from algos.plot import plot_runs
-
-        plot_runs([run_dir], run_dir / "learning_curve.png")
-        if stop_signals:
-            mpi_util.print0(f"stopped by signal {stop_signals[0]} after iteration {int(counters[0])}; checkpoint "
+    stop.ignore_from_now_on()
+    if learner:
+        learner.close()
+        if stop.signum is not None:
+            mpi_util.print0(f"stopped by signal {stop.signum} after iteration {counters.iteration}; checkpoint "
                             f"written; continue with: python train.py --resume {run_dir}")
-        mpi_util.print0(f"done: {int(counters[1])} steps, {int(counters[2])} episodes in "
+        mpi_util.print0(f"done: {counters.total_steps} steps, {counters.total_episodes} episodes in "
                         f"{elapsed_before + time.monotonic() - started:.0f} s; run directory {run_dir}")
     return 0
+
+
+def make_rollout_worker(config: TrainConfig, rank: int, seed_path: tuple[int, ...]) -> tuple:
+    """This rank's RolloutWorker (its envs, seeded from the base seed) and its action RNG. seed_path () gives the
+    run's first worker; (2, iteration) a fresh one for a resume with another --nprocs."""
+    import gymnasium
+
+    from algos.rollout import RolloutWorker
+
+    envs = [gymnasium.make(config.env_id) for _ in range(config.envs_per_rank)]
+    if seed_path:
+        seed = int(np.random.SeedSequence(config.seed, spawn_key=(rank, *seed_path)).generate_state(1)[0])
+    else:
+        seed = mpi_util.rank_seed(config.seed, rank)
+    worker = RolloutWorker(envs, seed=seed, gamma=config.gamma, lam=config.lam)
+    action_rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(rank, 1)))
+    return worker, action_rng
+
+
+class Learner:
+    """Rank 0's side: the TensorFlow actor-critic, the PPO or TRPO update, and the run directory's logs."""
+
+    def __init__(self, config: TrainConfig, run_dir: Path, obs_dim: int, action_space: object, resuming: bool) -> None:
+        mpi_util.setup_gpu(config.gpu_pct)  # imports TensorFlow, without its start-up log lines
+        import tensorflow as tf
+
+        from algos import PPO, TRPO, ActorCritic, PPOConfig, TRPOConfig
+
+        # Rank 0 alone runs the update: it gets every core while the workers wait (without spinning).
+        tf.config.threading.set_intra_op_parallelism_threads(os.cpu_count() or 1)
+        tf.config.threading.set_inter_op_parallelism_threads(2)
+        tf.config.experimental.enable_op_determinism()  # same seed and nprocs, same results
+        mpi_util.set_global_seeds(config.seed)  # now that TensorFlow is imported, seed it too (as rank 0)
+        self.config, self.run_dir = config, run_dir
+        self.ac = ActorCritic(obs_dim, action_space, hidden=config.hidden)
+        if config.algo == "ppo":
+            self.algo = PPO(self.ac, PPOConfig(lr=config.lr, epochs=config.epochs,
+                                               minibatch_size=config.minibatch_size,
+                                               target_kl=config.kl_targ or 0.02), seed=config.seed)
+        else:
+            self.algo = TRPO(self.ac, TRPOConfig(max_kl=config.kl_targ or 0.01, vf_lr=config.lr,
+                                                 vf_minibatch_size=config.minibatch_size), seed=config.seed)
+        self.logger = None
+
+    def open_logs(self, resuming: bool, iteration: int) -> None:
+        """Lock the run directory (for as long as this process lives), write config.json, open the logs."""
+        from algos.logger import RunLogger
+
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = lock_run_dir(self.run_dir)
+            if self._lock is None:
+                mpi_util.abort(f"train.py: error: {self.run_dir} is in use by another training job; wait for it to end")
+            (self.run_dir / "config.json").write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+            self.logger = RunLogger(self.run_dir, self.config.total_steps,
+                                    progress_bar=os.environ.get(_TTY_VARIABLE) == "1", resume=resuming)
+            if resuming:
+                self.logger.truncate_after(iteration)
+        except OSError as error:
+            mpi_util.abort(f"train.py: error: cannot write the run directory {self.run_dir}: {error}")
+
+    def update(self, batch: dict, episodes: dict, counters: Counters, stop_requested: bool) -> dict[str, float]:
+        """One PPO / TRPO update on the gathered batch; advances the counters and decides whether to stop."""
+        config = self.config
+        if len(batch["adv"]) != config.batch_size:
+            raise RuntimeError(f"gathered {len(batch['adv'])} steps, expected --batch_size {config.batch_size}")
+        if config.algo == "ppo" and config.lr_schedule == "linear":
+            # The fraction of the step budget still ahead, counting this batch: the first update uses lr, the last
+            # about lr / iterations (a resume with a smaller budget floors it at 0).
+            self.algo.set_learning_rate(config.lr * max(0.0, 1.0 - counters.total_steps / config.total_steps))
+        stats = self.algo.update(batch["obs"], batch["act"], batch["adv"], batch["ret"])
+        counters.iteration += 1
+        counters.total_steps += config.batch_size
+        counters.total_episodes += len(episodes["ep_return"])
+        counters.stop = counters.budget_spent(config) or stop_requested
+        return stats
+
+    def log(self, counters: Counters, episodes: dict, stats: dict[str, float], sync_ok: float,
+            timings: tuple[float, ...], wall_s: float) -> None:
+        """One row of progress.csv and TensorBoard, and the console line."""
+        t0, t1, t2, t3, t4 = timings
+        returns = episodes["ep_return"]
+        row = {
+            "iteration": counters.iteration, "total_steps": counters.total_steps,
+            "total_episodes": counters.total_episodes,
+            "ep_return_mean": float(returns.mean()) if len(returns) else math.nan,
+            "ep_return_min": float(returns.min()) if len(returns) else math.nan,
+            "ep_return_max": float(returns.max()) if len(returns) else math.nan,
+            "ep_length_mean": float(episodes["ep_length"].mean()) if len(returns) else math.nan,
+            "episodes": len(returns), "steps_per_s": self.config.batch_size / (t4 - t0),
+            **{key: float(value) for key, value in stats.items()},
+            "t_rollout": t1 - t0, "t_gather": t2 - t1, "t_update": t3 - t2, "t_bcast": t4 - t3,
+            "wall_s": wall_s, "sync_ok": sync_ok,
+        }
+        try:
+            self.logger.log(row)
+        except OSError as error:
+            mpi_util.abort(f"train.py: error: cannot write the logs in {self.run_dir}: {error}")
+
+    def close(self) -> None:
+        from algos.plot import plot_runs
+
+        self.logger.close()
+        plot_runs([self.run_dir], self.run_dir / "learning_curve.png")
+
+
+def restore(config: TrainConfig, run_dir: Path, learner: Learner | None, counters: Counters, worker: object,
+            action_rng: np.random.Generator) -> tuple:
+    """Continue from the newest good checkpoint: rank 0 loads the learner (weights, optimizer, RNG, counters); every
+    rank gets its own environments, episode state and action RNG back, or, when --nprocs changed, fresh episodes.
+    Returns (worker, action_rng, training seconds before this run)."""
+    from algos.checkpoint import load_latest_checkpoint
+    from algos.env_state import restore_env
+
+    rank, nprocs = mpi_util.rank, mpi_util.nworkers
+    per_rank_state, elapsed_before = None, 0.0
+    if learner:
+        path, state, warnings = load_latest_checkpoint(run_dir / "checkpoints")
+        for warning in warnings:
+            mpi_util.print0(f"train.py: warning: {warning}")
+        for var, value in zip(learner.ac.broadcast_state(), state["ac_state"], strict=True):
+            if isinstance(var, np.ndarray):
+                var[...] = value
+            else:
+                var.assign(value)
+        learner.algo.set_optimizer_state(state["optimizer"])
+        learner.algo.set_rng_state(state["learner_rng"])
+        counters.array[:3] = state["counters"][:3]
+        elapsed_before = state["elapsed_s"]
+        same_layout = state["nprocs"] == nprocs
+        per_rank_state = state["ranks"] if same_layout else None
+        mpi_util.print0(f"resuming {run_dir} from {path.name}: iteration {counters.iteration}, step "
+                        f"{counters.total_steps}" + ("" if same_layout else
+                                                     f" (was {state['nprocs']} processes: fresh episodes)"))
+    # Every rank's state travels to all (a few tens of kB each); each keeps its own.
+    per_rank_state, iteration = mpi_util.bcast_object((per_rank_state, counters.iteration))
+    if per_rank_state is None:
+        worker, _ = make_rollout_worker(config, rank, seed_path=(2, iteration))
+        return worker, action_rng, elapsed_before
+    mine = per_rank_state[rank]
+    # Checkpoints from before several envs per rank hold one env under "env".
+    worker.envs = [restore_env(blob) for blob in mine.get("envs", [mine.get("env")])]
+    worker.restore_episode(mine["episode"])
+    action_rng.bit_generator.state = mine["action_rng"]
+    return worker, action_rng, elapsed_before
+
+
+def checkpoint(run_dir: Path, learner: Learner | None, counters: Counters, worker: object,
+               action_rng: np.random.Generator, nprocs: int, elapsed_s: float) -> None:
+    """Every rank's episode state and RNG go to rank 0 (small pickles), which writes one file with the learner."""
+    from algos.checkpoint import list_checkpoints, save_checkpoint
+    from algos.env_state import snapshot_env
+
+    mine = {"envs": [snapshot_env(env) for env in worker.envs], "episode": worker.episode_state(),
+            "action_rng": action_rng.bit_generator.state}
+    ranks_state = mpi_util.gather_objects(mine)
+    if not learner:
+        return
+    try:
+        save_checkpoint(run_dir / "checkpoints", counters.iteration, {
+            "config": asdict(learner.config), "nprocs": nprocs, "counters": counters.array.copy(),
+            "elapsed_s": elapsed_s, "ac_state": [as_numpy(v) for v in learner.ac.broadcast_state()],
+            "optimizer": learner.algo.optimizer_state(), "learner_rng": learner.algo.rng_state(),
+            "ranks": ranks_state,
+        })
+    except OSError as error:
+        kept = list_checkpoints(run_dir / "checkpoints")
+        mpi_util.abort(f"train.py: error: cannot write the checkpoint of iteration {counters.iteration} in "
+                       f"{run_dir / 'checkpoints'}: {error.strerror or error}; the last good checkpoint, "
+                       f"{kept[-1].name if kept else 'none'}, is untouched")
+
+
+def check_sync(learner_state: list, counters: Counters) -> float:
+    """1.0 when every rank holds bit-identical learner state after the broadcast; raises otherwise."""
+    out_of_sync = mpi_util.ranks_out_of_sync(learner_state)
+    if out_of_sync:
+        raise RuntimeError(f"ranks hold different learner state after iteration {counters.iteration}: "
+                           f"rank(s) {out_of_sync}")
+    return 1.0
 
 
 if __name__ == "__main__":

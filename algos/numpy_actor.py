@@ -27,6 +27,22 @@ def numpy_mlp_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
     return h
 
 
+def actor_critic_state_like(obs_dim: int, act_dim: int, hidden: tuple[int, ...], discrete: bool) -> list[np.ndarray]:
+    """Arrays of the shapes and dtypes of ActorCritic.broadcast_state(), without TensorFlow: what a worker receives
+    rank 0's learner state into. pi_net [W0 (obs_dim, h0), b0 (h0,), ..., W (h_last, act_dim), b (act_dim,)] float32,
+    log_std (act_dim,) float32 unless discrete, v_net [W0, b0, ..., W (h_last, 1), b (1,)] float32, then obs_rms and
+    ret_rms [mean, var, count] as RunningMeanStd holds them. Values are placeholders until the broadcast."""
+
+    def mlp(out_dim: int) -> list[np.ndarray]:
+        sizes = [obs_dim, *hidden, out_dim]
+        return [a for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True)
+                for a in (np.zeros((n_in, n_out), np.float32), np.zeros(n_out, np.float32))]
+
+    log_std = [] if discrete else [np.zeros(act_dim, np.float32)]
+    normalizers = [a.copy() for a in RunningMeanStd(obs_dim).arrays() + RunningMeanStd(1).arrays()]
+    return mlp(act_dim) + log_std + mlp(1) + normalizers
+
+
 class NumpyActor:
     """A numpy snapshot of an ActorCritic: acts and evaluates values on RAW observations, without TensorFlow.
 

@@ -4,15 +4,19 @@ FAULT_KIND (raise | kill | hang | nan), FAULT_RANK and FAULT_AT_STEP (this proce
 wrong, on which rank, when. FAULT_KIND=file_limit caps the size of files the ranks may write at FAULT_FILE_BYTES
 once they are running (as a full disk would fail the writes; set before MPI starts it would fail MPI's own shared
 memory). FAULT_AFTER_FILE (a glob) makes the chosen rank wait, at most 60 s, until a file matching it exists before
-it fails: a checkpoint the test expects to survive is then complete, instead of racing the failure. Without
-FAULT_KIND it is a plain Pendulum-v1.
+it fails: a checkpoint the test expects to survive is then complete, instead of racing the failure.
+FAULT_KIND=report_modules makes every rank write, at its first step, which of tensorflow, keras and torch it has
+imported and its resident memory to FAULT_REPORT_DIR/modules_RANK.json. Without FAULT_KIND it is a plain Pendulum-v1.
 """
 
 import glob
+import json
 import os
 import resource
 import signal
+import sys
 import time
+from pathlib import Path
 
 import gymnasium
 
@@ -30,6 +34,12 @@ class FaultyPendulum(gymnasium.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         kind = os.environ.get("FAULT_KIND")
         rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+        if kind == "report_modules" and self.steps == 1:
+            heavy = sorted(name for name in ("tensorflow", "keras", "torch") if name in sys.modules)
+            resident_kb = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
+                               if line.startswith("VmRSS:"))
+            report = Path(os.environ["FAULT_REPORT_DIR"]) / f"modules_{rank}.json"
+            report.write_text(json.dumps({"modules": heavy, "resident_mb": resident_kb / 1024}))
         chosen = kind in ("raise", "kill", "hang", "nan") and rank == int(os.environ["FAULT_RANK"])
         if chosen and self.steps == int(os.environ["FAULT_AT_STEP"]):
             after = os.environ.get("FAULT_AFTER_FILE")

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from algos import ActorCritic, NumpyActor, build_mlp, numpy_mlp_forward
+from algos.numpy_actor import actor_critic_state_like
 
 BOX = gymnasium.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
 DISCRETE = gymnasium.spaces.Discrete(4)
@@ -185,3 +186,13 @@ def test_log_prob_entropy_kl_discrete():
     new_logp = new_logits - np.log(np.exp(new_logits).sum(axis=1, keepdims=True))
     expected_kl = (np.exp(logp) * (logp - new_logp)).sum(axis=1).mean()
     np.testing.assert_allclose(float(ac.kl(old, obs)), expected_kl, rtol=1e-4)
+
+
+@pytest.mark.parametrize("space", [BOX, DISCRETE], ids=["box", "discrete"])
+@pytest.mark.parametrize("hidden", [(16, 16), (7,), (8, 5, 3)])
+def test_worker_state_has_the_learner_state_shapes_and_dtypes(space, hidden):
+    # Workers receive rank 0's learner state into these arrays without building the TensorFlow model.
+    learner = [np.asarray(v) for v in ActorCritic(5, space, hidden=hidden).broadcast_state()]
+    act_dim = space.n if space is DISCRETE else space.shape[0]
+    worker = actor_critic_state_like(5, act_dim, hidden, discrete=space is DISCRETE)
+    assert [(a.shape, a.dtype) for a in worker] == [(a.shape, a.dtype) for a in learner]

@@ -17,6 +17,7 @@ from test_train import TRAIN, progress, reproducible_part, train
 import mpi_util
 from algos.checkpoint import load_latest_checkpoint
 from mpi_util import launch
+from train import STOP_GRACE_S
 
 FAULTY = "tests.faulty_env:FaultyPendulum-v0"
 
@@ -65,6 +66,40 @@ def test_stalled_rank_aborts_job_naming_it(tmp_path):
     assert result.returncode != 0
     assert "no progress for 20 s in rank0_accum_batches" in result.stderr
     assert "rank 1 has not arrived (last entered rank0_bcast_wts" in result.stderr
+    assert_no_process_left(tmp_path)
+
+
+def test_default_stall_limit_reports_a_hung_rank_within_two_minutes(tmp_path):
+    # Iterations take well under a second here, so after warm-up the "auto" limit is its floor, 60 s.
+    started = time.monotonic()
+    result = train_with_fault(tmp_path, "hang", rank=1, at_step=1300)  # rank 1, iteration 3
+    assert result.returncode != 0
+    assert time.monotonic() - started < 120
+    assert "no progress for 60 s in rank0_accum_batches" in result.stderr
+    assert "rank 1 has not arrived" in result.stderr
+    assert_no_process_left(tmp_path)
+
+
+def test_stop_request_with_a_hung_rank_ends_the_job_within_the_grace_naming_it(tmp_path):
+    # Rank 1 hangs in iteration 2; a SIGTERM after iteration 1 asks for a stop, which iteration 2 never reaches.
+    env = dict(os.environ, PYTHONPATH=str(REPO), FAULT_KIND="hang", FAULT_RANK="1", FAULT_AT_STEP="700")
+    job = subprocess.Popen([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536",
+                            "--checkpoint_every", "1", "--total_steps", "100000", "--logdir", str(tmp_path)],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(tmp_path.glob("*/checkpoints/ckpt_00000001.pkl")):
+            time.sleep(0.2)
+        signalled = time.monotonic()
+        job.send_signal(signal.SIGTERM)
+        _, stderr = job.communicate(timeout=90)
+        ended_after_s = time.monotonic() - signalled
+    finally:
+        job.kill()
+    assert job.returncode != 0
+    assert ended_after_s < STOP_GRACE_S + 20, ended_after_s
+    assert "30 s after the stop request (signal 15): rank 1 has not arrived" in stderr, stderr[-3000:]
+    assert "the last good one, ckpt_00000001.pkl, is kept" in stderr
     assert_no_process_left(tmp_path)
 
 

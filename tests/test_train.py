@@ -239,3 +239,59 @@ def test_resume_of_another_env_is_refused(learned_runs):
     result = run_bounded([sys.executable, TRAIN, "Walker2d", "--resume", str(run_dir)], timeout=60)
     assert result.returncode == 2
     assert f"--resume {run_dir} is a CartPole-v1 run, not Walker2d-v5" in result.stderr
+
+
+def test_first_command_prints_only_our_own_lines(tmp_path):
+    # The README's first command, shortened: no TensorFlow start-up lines, no library warnings, on any rank.
+    result = run_bounded([sys.executable, TRAIN, "Walker2d", "--nprocs", "2", "--total_steps", "4096",
+                          "--logdir", str(tmp_path)], timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr == ""
+    ours = [r"PPO on Walker2d-v5: 2 processes, batch 2048 steps, budget 4096 steps; run directory \S+",
+            r" iter +steps +eps .*", r" +[12] +(2048|4096) .*", r"done: 4096 steps, \d+ episodes in \d+ s; .*"]
+    for line in result.stdout.splitlines():
+        assert any(re.fullmatch(pattern, line) for pattern in ours), line
+
+
+def test_workers_import_no_tensorflow(tmp_path):
+    env = {"FAULT_KIND": "report_modules", "FAULT_REPORT_DIR": str(tmp_path)}
+    result = run_bounded([sys.executable, TRAIN, "tests.faulty_env:FaultyPendulum-v0", "--nprocs", "3",
+                          "--batch_size", "1536", "--total_steps", "1536", "--logdir", str(tmp_path / "runs")],
+                         timeout=180, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"modules_{r}.json").read_text()) for r in range(3)]
+    assert "tensorflow" in reports[0]["modules"]  # rank 0 learns
+    assert reports[1]["modules"] == reports[2]["modules"] == [], reports
+    assert max(reports[1]["resident_mb"], reports[2]["resident_mb"]) < 250, reports  # TensorFlow alone is ~580 MB
+
+
+def test_resume_honours_changes_however_spelled_and_refuses_the_rest(tmp_path):
+    run_dir, _ = train("Pendulum-v1", "--batch_size", "512", "--total_steps", "1024", "--logdir", str(tmp_path))
+    train("--resume", str(run_dir), "--total_steps=2048")  # "=" form
+    assert len(progress(run_dir)) == 4
+    train("--resume", str(run_dir), "--total", "3072")  # an abbreviation argparse accepts
+    assert len(progress(run_dir)) == 6
+    for args, message in [(["--algo=trpo"], f"--resume {run_dir} is a ppo run, not trpo"),
+                          (["--lr", "0.001"], "--lr is 0.0003 in this run and cannot be changed when resuming"),
+                          (["--hidden", "32"], "--hidden is (64, 64) in this run and cannot be changed")]:
+        result = run_bounded([sys.executable, TRAIN, "--resume", str(run_dir), *args], timeout=60)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+    assert len(progress(run_dir)) == 6
+
+
+def test_lr_sets_trpo_value_function_learning_rate_and_config_records_it(tmp_path):
+    # Learner is what train() runs on rank 0; run in a fresh process (TensorFlow's threads are set once per process).
+    code = (
+        "import json, sys, gymnasium, train\n"
+        "from pathlib import Path\n"
+        "for argv in (['CartPole-v1', '--algo', 'trpo'], ['CartPole-v1', '--algo', 'trpo', '--lr', '0.02'],\n"
+        "             ['CartPole-v1']):\n"
+        "    config, _, _ = train.build_config(train.parse_args(argv))\n"
+        "    learner = train.Learner(config, Path(sys.argv[1]), 4, gymnasium.spaces.Discrete(2), False)\n"
+        "    optimizer = getattr(learner.algo, 'vf_optimizer', None) or learner.algo.optimizer\n"
+        "    print(json.dumps([config.lr, float(optimizer.learning_rate.numpy())]))\n"
+    )
+    result = run_bounded([sys.executable, "-c", code, str(tmp_path)], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("[")]
+    assert lines == [[1e-3, pytest.approx(1e-3)], [0.02, pytest.approx(0.02)], [3e-4, pytest.approx(3e-4)]]
