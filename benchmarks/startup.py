@@ -1,0 +1,198 @@
+"""Start-up time and memory per rank of train.py, for two or more checkouts side by side.
+
+A variant is ``NAME=TREE``: the checkout whose ``train.py`` (and, since Python puts the script's directory first on
+``sys.path``, whose ``mpi_util`` and ``algos``) is run. For example, against the commit before workers stopped
+importing TensorFlow::
+
+    git worktree add /tmp/tree_3fdb4fb 3fdb4fb
+    .venv/bin/python benchmarks/startup.py before=/tmp/tree_3fdb4fb after=. --nprocs 8 --repeats 3
+
+Each run is ``python TREE/train.py ENV --nprocs N --total_steps B`` from the repository root. While it runs, every
+process of the job is sampled every 50 ms: its rank (PMI_RANK in its environment) and its peak resident memory
+(VmHWM). Reported per variant, as medians over the repeats: seconds from launch to the first iteration's line on
+stdout, rank 0's peak memory, a worker's peak memory (the median over ranks 1..N-1), the whole job's (the sum over
+ranks), and the steps/s of the console line (the median of iterations after the first two). The variants run in an
+order that alternates from repeat to repeat; ratios are taken within a repeat.
+
+Writes runs.csv and results.md to ``--out`` (default benchmarks/results/startup/) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from scaling import fmt, load_average, machine_lines, median, pretty_command, table, write_csv
+
+REPO = Path(__file__).resolve().parent.parent
+FIRST_ITERATION = re.compile(r"^\s+1\s+\d+\s")
+
+
+def job_processes(root_pid: int) -> list[int]:
+    """Process ids of ``root_pid``'s descendants (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, frontier = [], [root_pid]
+    while frontier:
+        pid = frontier.pop()
+        for child in children.get(pid, []):
+            found.append(child)
+            frontier.append(child)
+    return found
+
+
+def rank_and_peak_mb(pid: int) -> tuple[int, float] | None:
+    """(MPI rank, peak resident MB) of a rank process, None for other processes (mpiexec, its proxies)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    rank = next((int(item.split(b"=", 1)[1]) for item in environ if item.startswith(b"PMI_RANK=")), None)
+    peak = next((int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmHWM:")), None)
+    return None if rank is None or peak is None else (rank, peak)
+
+
+def run_once(name: str, tree: Path, env_id: str, nprocs: int, total_steps: int, workdir: Path,
+             timeout_s: float) -> dict[str, Any]:
+    command = [sys.executable, "-u", str(tree / "train.py"), env_id, "--nprocs", str(nprocs),
+               "--total_steps", str(total_steps), "--logdir", str(workdir / "runs")]
+    load_before = load_average()
+    peaks: dict[int, float] = {}
+    started = time.monotonic()
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for pid in job_processes(proc.pid):
+                found = rank_and_peak_mb(pid)
+                if found:
+                    peaks[found[0]] = max(peaks.get(found[0], 0.0), found[1])
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    first_iteration_s = float("nan")
+    output = []
+    timer = threading.Timer(timeout_s, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    timer.start()
+    try:
+        for line in proc.stdout:
+            output.append(line)
+            if math.isnan(first_iteration_s) and FIRST_ITERATION.match(line):
+                first_iteration_s = time.monotonic() - started
+        returncode = proc.wait()
+    finally:
+        timer.cancel()
+        done.set()
+        sampler.join()
+    if returncode != 0:
+        raise RuntimeError(f"exit status {returncode}: {shlex.join(command)}\n" + "".join(output[-15:]))
+    progress = next((workdir / "runs").glob("*/progress.csv"))
+    with progress.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    workers = [peaks[r] for r in range(1, nprocs) if r in peaks]
+    return {
+        "variant": name, "tree": str(tree), "nprocs": nprocs,
+        "first_iteration_s": first_iteration_s,
+        "rank0_peak_mb": peaks.get(0, float("nan")),
+        "worker_peak_mb": median(workers) if workers else float("nan"),
+        "job_peak_mb": sum(peaks.values()),
+        "ranks_seen": len(peaks),
+        "steps_per_s": median([float(row["steps_per_s"]) for row in rows[2:]]),
+        "wall_s": time.monotonic() - started,
+        "load_before": load_before,
+        "command": shlex.join(command),
+    }
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("variants", nargs="+", help="NAME=TREE, the first is the baseline")
+    parser.add_argument("--env", default="Walker2d-v5", help="environment (default: %(default)s)")
+    parser.add_argument("--nprocs", type=int, default=8, help="MPI processes (default: %(default)s)")
+    parser.add_argument("--total_steps", type=int, default=20480, help="steps per run (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per run (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "startup",
+                        help="where runs.csv and results.md go (default: %(default)s)")
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    variants = []
+    for text in args.variants:
+        name, sep, tree = text.partition("=")
+        if not sep or not (Path(tree) / "train.py").is_file():
+            raise SystemExit(f"startup.py: error: a variant is NAME=TREE with TREE/train.py, got {text!r}")
+        variants.append((name, Path(tree).resolve()))
+    started = time.monotonic()
+    runs = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for repeat in range(args.repeats):
+            order = variants if repeat % 2 == 0 else variants[::-1]
+            for name, tree in order:
+                run = run_once(name, tree, args.env, args.nprocs, args.total_steps,
+                               Path(scratch) / f"r{repeat}_{name}", args.timeout)
+                run["repeat"] = repeat
+                runs.append(run)
+                print(f"repeat {repeat} {name}: first iteration {run['first_iteration_s']:.1f} s, rank 0 "
+                      f"{run['rank0_peak_mb']:.0f} MB, worker {run['worker_peak_mb']:.0f} MB, job "
+                      f"{run['job_peak_mb']:.0f} MB, {run['steps_per_s']:.0f} steps/s", flush=True)
+    baseline = variants[0][0]
+    for run in runs:
+        base = next(r for r in runs if r["repeat"] == run["repeat"] and r["variant"] == baseline)
+        for key in ("first_iteration_s", "worker_peak_mb", "job_peak_mb", "steps_per_s"):
+            run[f"{key}_ratio"] = run[key] / base[key]
+    rows = []
+    for name, _ in variants:
+        mine = [r for r in runs if r["variant"] == name]
+        rows.append([name, args.nprocs,
+                     fmt(median([r["first_iteration_s"] for r in mine]), 1),
+                     fmt(median([r["rank0_peak_mb"] for r in mine])),
+                     fmt(median([r["worker_peak_mb"] for r in mine])),
+                     fmt(median([r["job_peak_mb"] for r in mine])),
+                     fmt(median([r["steps_per_s"] for r in mine])),
+                     ", ".join(f"{r['first_iteration_s_ratio']:.2f}" for r in mine),
+                     ", ".join(f"{r['job_peak_mb_ratio']:.2f}" for r in mine),
+                     ", ".join(f"{r['steps_per_s_ratio']:.2f}" for r in mine)])
+    header = ["variant", "nprocs", "launch to first iteration (s)", "rank 0 peak (MB)", "worker peak (MB)",
+              "job peak (MB)", "steps/s", f"first iteration / {baseline}", f"job memory / {baseline}",
+              f"steps/s / {baseline}"]
+    text = table(header, rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "runs.csv", runs)
+    loads = ", ".join(f"r{r['repeat']} {r['variant']}: {r['load_before']:.2f}" for r in runs)
+    lines = machine_lines(pretty_command(), time.monotonic() - started, loads)
+    lines.insert(1, f"- runs: `TREE/train.py {args.env} --nprocs {args.nprocs} --total_steps {args.total_steps}`; "
+                    + "; ".join(f"{name} = {tree}" for name, tree in variants)
+                    + f"; {args.repeats} interleaved repeat(s); medians, ratios per repeat (in repeat order)")
+    (args.out / "results.md").write_text("\n".join(lines) + "\n\n" + text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
