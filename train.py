@@ -571,6 +571,7 @@ class Learner:
             self.algo = TRPO(self.ac, TRPOConfig(max_kl=config.kl_targ or 0.01, vf_lr=config.lr,
                                                  vf_minibatch_size=config.minibatch_size), seed=config.seed)
         self.logger = None
+        self._lock: object | None = None  # the run directory's lock, held while this process lives
 
     def open_logs(self, resuming: bool, iteration: int) -> None:
         """Lock the run directory (for as long as this process lives), write config.json, open the logs."""

@@ -12,6 +12,9 @@ gather goes through. Why each pays (side by side, train.py Walker2d on 2 cores; 
 - the broadcast window: rank 0 copies the weights in, rings and goes on; an MPI Ibcast kept it waiting for every
   rank (0.019-0.023 s -> 0.003-0.005 s per iteration at 8 processes, 1.14x steps/s).
 
+All of it together, against plain MPI with timed polling on the same code: 1.08x steps/s at 8 processes, 1.03x at 2
+(within noise; benchmarks/results/variants_host_transport).
+
 Elsewhere (ranks on several hosts, no futexes, ``MPI_UTIL_WAIT=poll``, or /dev/shm without room) ``transport``
 returns None and the collectives use MPI. The decision is taken once, by every rank together, right after the
 first collective over COMM_WORLD.
