@@ -375,6 +375,11 @@ def main() -> int:
 
     os.environ[_RUN_DIR_VARIABLE] = str(run_dir)
     os.environ.setdefault(_TTY_VARIABLE, "1" if sys.stdout.isatty() else "0")
+    # mpi_fork leaves rank 0 this environment's thread settings (the workers get one thread). Rank 0's learner here
+    # is TensorFlow, whose thread pools train() sizes itself; BLAS and OpenMP stay at one thread unless set, as in
+    # the measured results (more threads change the update's rounding, so the results would move by the cores).
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
     fork = mpi_util.mpi_fork(config.nprocs, config.gpu_pct)
     if fork == "parent":
         return fork.returncode

@@ -18,9 +18,9 @@ from .process import COMM_WORLD, install_abort_on_exception
 _LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID")
 _FORKED_MARKER = "MPI_UTIL_FORKED"
 
-# In the ranks: one BLAS / OpenMP thread each, since N ranks already share the cores. TensorFlow's own
-# thread pools are left alone so rank 0 can use every core for its update while the workers wait.
-_SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+# In the workers (ranks 1..n-1): one BLAS / OpenMP thread each, since n ranks share the cores. Rank 0 keeps the
+# launching environment's settings: its learner (TensorFlow, torch, numpy) uses the cores while the workers wait.
+_WORKER_THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
 class MpiexecNotFoundError(RuntimeError):
@@ -89,6 +89,18 @@ def find_mpiexec() -> str:
     )
 
 
+def _this_program() -> list[str]:
+    """How to start the running program again: ``script.py ARGS`` or, when it was started as ``python -m
+    package.module``, ``-m package.module ARGS`` (run as a file, its relative imports would fail)."""
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main_spec is not None and main_spec.name:
+        return ["-m", main_spec.name.removesuffix(".__main__"), *sys.argv[1:]]
+    if not sys.argv or not sys.argv[0] or sys.argv[0] == "-c":
+        raise RuntimeError("mpi_fork: relaunching needs a script file or a module; run `python your_script.py` or "
+                           "`python -m your.module`, not `python -c`")
+    return list(sys.argv)
+
+
 def _terminate_with_parent() -> None:
     """In the launched mpiexec: ask Linux for SIGTERM when the launching process dies (best effort)."""
     try:
@@ -116,6 +128,9 @@ def mpi_fork(
         if result == "parent":
             sys.exit(result.returncode)
 
+    Scripts started as ``python -m package.module`` are relaunched the same way. Ranks 1..n-1 get one BLAS /
+    OpenMP thread each (OMP_NUM_THREADS, MKL_NUM_THREADS, OPENBLAS_NUM_THREADS = 1), since the ranks share the cores;
+    rank 0 keeps this process's settings, so that a learner on rank 0 uses the cores while the workers wait.
     gpu_pct: fraction of each GPU's memory each rank may take, in [0, 1]; passed to the ranks as
     MPI_UTIL_GPU_PCT for ``setup_gpu``. mpiexec_args: extra launcher flags. mpiexec: the launcher to use,
     found with ``find_mpiexec`` by default. Under Open MPI, --oversubscribe (more ranks than cores) and, when
@@ -133,18 +148,20 @@ def mpi_fork(
         return ForkResult("child")
     if n == 1:
         return ForkResult("child")
-    if not sys.argv or not sys.argv[0] or sys.argv[0] == "-c":
-        raise RuntimeError("mpi_fork: relaunching needs a script file; run `python your_script.py`, not `python -c`")
-
     launcher = mpiexec or find_mpiexec()
-    env = dict(os.environ, **_SINGLE_THREADED, MPI_UTIL_GPU_PCT=str(float(gpu_pct)))
+    env = dict(os.environ, MPI_UTIL_GPU_PCT=str(float(gpu_pct)))
     env[_FORKED_MARKER] = "1"
     flags: list[str] = []
-    if mpi_library_is_open_mpi():
+    open_mpi = mpi_library_is_open_mpi()
+    if open_mpi:
         flags.append("--oversubscribe")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             flags.append("--allow-run-as-root")
-    command = [launcher, "-n", str(n), *flags, *mpiexec_args, sys.executable, "-u", *sys.argv]
+    program = [sys.executable, "-u", *_this_program()]
+    # Two executable blocks (MPMD): rank 0 with the launching environment, ranks 1..n-1 with one thread each.
+    worker_env = [word for name, value in _WORKER_THREADS.items()
+                  for word in (["-x", f"{name}={value}"] if open_mpi else ["-env", name, value])]
+    command = [launcher, *flags, *mpiexec_args, "-n", "1", *program, ":", "-n", str(n - 1), *worker_env, *program]
 
     # The job gets its own session, so a Ctrl-C at the terminal reaches it once, forwarded by this process
     # (mpiexec treats a second Ctrl-C as "abort now"); and it is told to stop if this process dies.

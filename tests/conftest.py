@@ -16,12 +16,13 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
 
 
-def run_bounded(command: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``command`` in its own process group; on timeout kill the whole group and fail the test (a deadlock
-    must fail, not hang CI)."""
-    full_env = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+def run_bounded(command: list[str], timeout: float, env: dict[str, str] | None = None,
+                cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """Run ``command`` (in ``cwd``) in its own process group; on timeout kill the whole group and fail the test (a
+    deadlock must fail, not hang CI)."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     proc = subprocess.Popen(
-        command, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        command, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )
     try:

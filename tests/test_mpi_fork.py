@@ -23,6 +23,29 @@ def test_fork_runs_every_rank_and_returns_parent(nprocs):
     assert "parent: job exited with 0" in result.stdout
 
 
+def test_workers_get_one_thread_and_rank_0_keeps_the_launching_environment():
+    result = run_bounded([sys.executable, str(SCRIPTS / "fork_job.py"), "3"], timeout=60, env={"OMP_NUM_THREADS": "2"})
+    assert result.returncode == 0, result.stderr
+    assert "OMP_NUM_THREADS by rank ['2', '1', '1']" in result.stdout, result.stdout
+
+
+def test_fork_of_a_module_started_with_python_m(tmp_path):
+    # Relative imports work only inside the package: run as a file, the relaunched ranks would fail.
+    package = tmp_path / "forkpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "greeting.py").write_text("WORDS = 'hello from'\n")
+    (package / "job.py").write_text(
+        "import sys\nimport mpi_util\nfrom .greeting import WORDS\n"
+        "fork = mpi_util.mpi_fork(int(sys.argv[1]))\n"
+        "if fork == 'parent':\n    sys.exit(fork.returncode)\n"
+        "everyone = mpi_util.gather_objects(f'{WORDS} {__spec__.name} rank {mpi_util.rank} of {mpi_util.nworkers}')\n"
+        "mpi_util.print0(everyone)\n")
+    result = run_bounded([sys.executable, "-m", "forkpkg.job", "3"], timeout=60, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{[f'hello from forkpkg.job rank {r} of 3' for r in range(3)]}" in result.stdout, result.stdout
+
+
 def test_fork_of_one_process_runs_in_place():
     result = run_bounded([sys.executable, str(SCRIPTS / "fork_job.py"), "1"], timeout=60)
     assert result.returncode == 0, result.stderr

@@ -1,6 +1,7 @@
 """Launched with plain python: relaunches itself under mpiexec with mpi_fork(argv[1]). argv[2] == "fail" makes
 rank 1 raise while the others wait in a gather."""
 
+import os
 import sys
 
 import numpy as np
@@ -16,4 +17,6 @@ if len(sys.argv) > 2 and sys.argv[2] == "fail" and mpi_util.rank == 1:
     raise RuntimeError("injected failure on rank 1")
 gathered = mpi_util.rank0_accum_batches({"rank": np.array([mpi_util.rank])})
 print(f"child rank {mpi_util.rank} of {mpi_util.nworkers}", flush=True)
+threads = mpi_util.gather_objects(os.environ.get("OMP_NUM_THREADS"))  # printed by rank 0: lines can interleave
+mpi_util.print0(f"OMP_NUM_THREADS by rank {threads}")
 mpi_util.print0(f"gathered {gathered['rank'].tolist()}")
