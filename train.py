@@ -352,8 +352,24 @@ def steps_of_rank(batch_size: int, nprocs: int, rank: int) -> int:
     return batch_size // nprocs + (1 if rank < batch_size % nprocs else 0)
 
 
+# What train.py needs beyond mpi_util (the rl extra); --play needs only the first two.
+_RL_MODULES = ("gymnasium", "mujoco", "tensorflow", "tensorboard", "matplotlib", "tqdm")
+
+
+def missing_modules(names: tuple[str, ...]) -> list[str]:
+    import importlib.util
+
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
 def main() -> int:
     args = parse_args()
+    missing = missing_modules(_RL_MODULES[:2] if args.play else _RL_MODULES)
+    if missing:
+        print(f"train.py: error: {', '.join(missing)} not installed; train.py needs the rl extra: "
+              "pip install -e '.[rl]' in this checkout (mpi_util alone needs only mpi4py, mpich and numpy)",
+              file=sys.stderr)
+        return 2
     if args.play:
         from algos.play import play
 
