@@ -135,8 +135,8 @@ def set_stall_timeout(seconds: float | str | None) -> None:
     seconds: a fixed limit in seconds; "auto" (the first 2 calls of each collective may wait 10 minutes, later ones
     10x the slowest wait seen so far, at least 60 s); or None, wait forever (the default; the MPI_UTIL_STALL_TIMEOUT
     environment variable sets a fixed limit). The error names the ranks on this host that have not arrived and the
-    collective each last entered. Collective over COMM_WORLD: every rank calls it, at the same point, with the same
-    value. Under ``mpi_fork`` an uncaught CollectiveStallError aborts the whole job.
+    collective each last entered. Collective over COMM_WORLD: every rank calls it, at the same point (each rank
+    applies its own value). Under ``mpi_fork`` an uncaught CollectiveStallError aborts the whole job.
     """
     if not (seconds is None or seconds == "auto" or (isinstance(seconds, (int, float)) and seconds > 0)):
         raise ValueError(f"stall timeout must be a number of seconds > 0, 'auto' or None, got {seconds!r}")
