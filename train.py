@@ -474,13 +474,10 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     mpi_util.set_global_seeds(config.seed)
     mpi_util.set_stall_timeout(None if config.stall_timeout == 0 else config.stall_timeout)
     stop = StopRequest()
-    probe_env = gymnasium.make(config.env_id)
-    obs_dim, action_space = probe_env.observation_space.shape[0], probe_env.action_space
-    probe_env.close()
+    worker, action_rng = make_rollout_worker(config, rank, seed_path=())
+    obs_dim, action_space = worker.envs[0].observation_space.shape[0], worker.envs[0].action_space
     discrete = isinstance(action_space, gymnasium.spaces.Discrete)
     act_dim = int(action_space.n) if discrete else int(action_space.shape[0])
-
-    worker, action_rng = make_rollout_worker(config, rank, seed_path=())
     counters = Counters()
     learner = Learner(config, run_dir, obs_dim, action_space, resuming) if rank == 0 else None
     # What rank 0 broadcasts each iteration: the actor-critic's variables and normalizers (rank 0's own, read from

@@ -45,18 +45,17 @@ def _tensorflow_start_up_silenced() -> Iterator[None]:
     terminal = os.dup(2)
     with tempfile.TemporaryFile() as held_back:
         os.dup2(held_back.fileno(), 2)
+        failed = True
         try:
             yield
-        except BaseException:
-            sys.stderr.flush()
-            os.dup2(terminal, 2)
-            held_back.seek(0)
-            os.write(2, held_back.read())
-            raise
+            failed = False
         finally:
             sys.stderr.flush()
             os.dup2(terminal, 2)
             os.close(terminal)
+            if failed:
+                held_back.seek(0)
+                os.write(2, held_back.read())
 
 
 def _gpu_total_memory_bytes(index: int) -> int | None:
