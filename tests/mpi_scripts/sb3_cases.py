@@ -1,0 +1,76 @@
+"""Stable-Baselines3 through mpi_util.sb3.parallelize: one process against plain SB3, and what rank 0 trains on.
+
+    python sb3_cases.py one_process OUT        # plain SB3 and parallelize(...) at one process, PPO and A2C
+    mpiexec -n 2 python sb3_cases.py two_ranks OUT
+
+Writes OUT/<case>_<algo>_rank<r>.npz and prints one line per check.
+"""
+
+import sys
+from pathlib import Path
+
+import mpi_util
+from mpi_util.sb3 import parallelize
+
+# isort: split
+import numpy as np
+from stable_baselines3 import A2C, PPO
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import VecNormalize
+
+ALGOS = {"ppo": (PPO, {"n_steps": 64, "batch_size": 32, "n_epochs": 2}), "a2c": (A2C, {"n_steps": 16})}
+
+
+def build(algo: str, n_envs: int, seed: int):
+    cls, kwargs = ALGOS[algo]
+    env = VecNormalize(make_vec_env("Pendulum-v1", n_envs=n_envs, seed=seed))
+    return cls("MlpPolicy", env, seed=seed, device="cpu", **kwargs)
+
+
+def state(model) -> dict[str, np.ndarray]:
+    """The policy's parameters and buffers and the VecNormalize statistics, as numpy arrays."""
+    arrays = {f"policy/{k}": v.detach().numpy().copy() for k, v in model.policy.state_dict().items()}
+    vec_normalize = model.get_vec_normalize_env()
+    for name in ("obs_rms", "ret_rms"):
+        rms = getattr(vec_normalize, name)
+        arrays[f"{name}/mean"], arrays[f"{name}/var"] = rms.mean.copy(), rms.var.copy()
+        arrays[f"{name}/count"] = np.array(rms.count)
+    return arrays
+
+
+def one_process(out: Path) -> None:
+    for algo, (_, kwargs) in ALGOS.items():
+        steps = 5 * 2 * kwargs["n_steps"]  # 5 iterations of 2 envs
+        plain = build(algo, 2, seed=7)
+        plain.learn(steps)
+        parallel = parallelize(build(algo, 2, seed=7))
+        parallel.learn(steps)
+        expected, got = state(plain), state(parallel)
+        differ = [k for k in expected if not np.array_equal(expected[k], got[k])]
+        print(f"{algo}: {len(expected)} arrays, differ from plain SB3: {differ}; steps {plain.num_timesteps} "
+              f"{parallel.num_timesteps}", flush=True)
+
+
+def two_ranks(out: Path) -> None:
+    rank = mpi_util.rank
+    for algo, (_, kwargs) in ALGOS.items():
+        n_envs = 2 if rank == 0 else 1  # ranks may step different numbers of envs
+        model = parallelize(build(algo, n_envs, seed=11))
+        model.learn(2 * 3 * kwargs["n_steps"])  # two iterations of 3 envs in all
+        local = model._mpi.local_buffer  # this rank's rows of the last iteration: (n_steps, n_envs, ...)
+        arrays = {f"local/{name}": getattr(local, name) for name in ("observations", "actions", "rewards",
+                                                                       "returns", "advantages", "log_probs")}
+        if rank == 0:  # the buffer train() used, flattened by SB3's get(): (n_steps * 3, ...) env by env
+            arrays.update({f"trained/{name}": getattr(model.rollout_buffer, name) for name in
+                           ("observations", "actions", "rewards", "returns", "advantages", "log_probs")})
+        arrays.update(state(model))
+        arrays["num_timesteps"] = np.array(model.num_timesteps)
+        arrays["episodes"] = np.array(len(model.ep_info_buffer))
+        np.savez(out / f"two_ranks_{algo}_rank{rank}.npz", **arrays)
+        out_of_sync = mpi_util.ranks_out_of_sync([model.policy, *[v for k, v in state(model).items()
+                                                                  if not k.startswith("policy/")]])
+        mpi_util.print0(f"{algo}: ranks out of sync: {out_of_sync}")
+
+
+if __name__ == "__main__":
+    {"one_process": one_process, "two_ranks": two_ranks}[sys.argv[1]](Path(sys.argv[2]))
