@@ -1,0 +1,220 @@
+"""Stable-Baselines3 PPO on N MPI processes (mpi_util.sb3) against plain SB3 and SB3's own SubprocVecEnv, side by side.
+
+Every configuration trains the same PPO (SB3 2.9.2, its MuJoCo-style settings: 2048 steps per update over all envs,
+64-row minibatches, 10 epochs, lr 3e-4, gamma 0.99, lambda 0.95, clip 0.2; ``VecNormalize`` of observations and
+rewards; torch on 1 thread per process; seed 0) for the same total number of environment steps:
+
+- ``plain``: one process, one env (DummyVecEnv), n_steps 2048: a user's script as it is;
+- ``subproc N``: one learner process, N envs stepped in N ``SubprocVecEnv`` worker processes, n_steps 2048 / N;
+- ``mpi N``: the same script on N MPI processes through ``mpi_util.sb3.parallelize``, one env per rank, n_steps
+  2048 / N (so the update still sees 2048 rows).
+
+Each run is a fresh subprocess, bounded in time, run one after the other (never at the same time: they would share the
+cores), in an order that reverses from repeat to repeat. Reported per run: environment steps per second of
+``learn()`` (total steps / learn's wall time), the process's wall time (imports and start-up included), and the
+final return (mean of the last 100 finished episodes: rank 0's record covers every rank's episodes). The curve of
+mean return against steps goes to curves.csv and the plot.
+
+    .venv/bin/python benchmarks/sb3_mpi.py                                   # Hopper-v5, 150k steps, 2 and 8
+    .venv/bin/python benchmarks/sb3_mpi.py --env Walker2d-v5 --total_steps 300000 --repeats 2
+
+Writes runs.csv, curves.csv, results.md and sb3_mpi.png to benchmarks/results/sb3_mpi/ (``--out``); prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from scaling import fmt, load_average, machine_lines, median, pretty_command, table, write_csv
+
+REPO = Path(__file__).resolve().parent.parent
+BATCH_STEPS = 2048  # rows per PPO update, over all envs and ranks
+
+
+def run_one(kind: str, n: int, env_id: str, total_steps: int, seed: int, result_path: Path) -> None:
+    """Train one configuration in this process (for ``mpi``: relaunched as n ranks); rank 0 writes result_path."""
+    import mpi_util
+    import mpi_util.sb3  # before stable_baselines3: keeps TensorFlow out of the process
+
+    fork = mpi_util.mpi_fork(n if kind == "mpi" else 1)
+    if fork == "parent":
+        sys.exit(fork.returncode)
+
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import SubprocVecEnv, VecNormalize
+
+    torch.set_num_threads(1)
+    n_envs = n if kind == "subproc" else 1
+    vec_env_cls = SubprocVecEnv if kind == "subproc" else None
+    env = VecNormalize(make_vec_env(env_id, n_envs=n_envs, seed=seed, vec_env_cls=vec_env_cls))
+    n_steps = BATCH_STEPS // (n if kind in ("subproc", "mpi") else 1)
+    model = PPO("MlpPolicy", env, n_steps=n_steps, batch_size=64, n_epochs=10, learning_rate=3e-4, gamma=0.99,
+                gae_lambda=0.95, clip_range=0.2, seed=seed, device="cpu", verbose=0)
+    if kind == "mpi":
+        model = mpi_util.sb3.parallelize(model)
+
+    curve: list[tuple[int, float, float]] = []  # (steps, seconds into learn, mean return of the last 100 episodes)
+
+    class Record(BaseCallback):
+        """At the start of each rollout (after the previous update, when rank 0 holds every rank's episodes)."""
+
+        def _on_rollout_start(self) -> None:
+            self._record()
+
+        def _on_training_end(self) -> None:
+            self._record()
+
+        def _record(self) -> None:
+            episodes = [e["r"] for e in self.model.ep_info_buffer]
+            mean = sum(episodes) / len(episodes) if episodes else float("nan")
+            curve.append((self.model.num_timesteps, time.perf_counter() - start, mean))
+
+        def _on_step(self) -> bool:
+            return True
+
+    start = time.perf_counter()
+    model.learn(total_steps, callback=Record())
+    learn_s = time.perf_counter() - start
+    if mpi_util.rank == 0:
+        result_path.write_text(json.dumps({
+            "steps": model.num_timesteps, "learn_s": learn_s, "final_return": curve[-1][2],
+            "episodes": len(model.ep_info_buffer), "curve": curve,
+            "in_sync": mpi_util.ranks_out_of_sync(model.policy) == [],
+        }))
+    else:
+        mpi_util.ranks_out_of_sync(model.policy)
+    env.close()
+
+
+def label(kind: str, n: int) -> str:
+    return {"plain": "plain SB3, 1 env", "subproc": f"SB3 SubprocVecEnv, {n} envs",
+            "mpi": f"mpi_util.sb3, {n} processes"}[kind]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="Hopper-v5", help="gymnasium env id (default: %(default)s)")
+    parser.add_argument("--total_steps", type=int, default=150_000, help="steps per run (default: %(default)s)")
+    parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 8],
+                        help="process / env counts for the subproc and mpi runs (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of every configuration (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every run (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "sb3_mpi",
+                        help="results directory (default: %(default)s)")
+    parser.add_argument("--run", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)  # one run, internal
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        run_one(args.run[0], int(args.run[1]), args.env, args.total_steps, args.seed, args.result)
+        return 0
+    if BATCH_STEPS % max(args.nprocs) or min(args.nprocs) < 1:
+        parser.error(f"--nprocs: each count must divide {BATCH_STEPS} (the rows per update)")
+
+    configs = [("plain", 1)] + [(kind, n) for n in args.nprocs for kind in ("subproc", "mpi")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs: list[dict[str, Any]] = []
+    curves: list[dict[str, Any]] = []
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        for repeat in range(1, args.repeats + 1):
+            for kind, n in (configs if repeat % 2 else configs[::-1]):
+                result_path = Path(scratch) / f"{kind}{n}_{repeat}.json"
+                command = [sys.executable, __file__, "--run", kind, str(n), "--env", args.env,
+                           "--total_steps", str(args.total_steps), "--seed", str(args.seed), "--result",
+                           str(result_path)]
+                load = load_average()
+                t0 = time.perf_counter()
+                proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=args.timeout,
+                                      env={**os.environ, "PYTHONPATH": str(REPO)})
+                wall = time.perf_counter() - t0
+                if proc.returncode != 0 or not result_path.exists():
+                    print(proc.stdout[-2000:], proc.stderr[-3000:], file=sys.stderr)
+                    raise SystemExit(f"sb3_mpi: {label(kind, n)} failed with exit status {proc.returncode}")
+                result = json.loads(result_path.read_text())
+                run = {"repeat": repeat, "system": label(kind, n), "kind": kind, "n": n,
+                       "steps": result["steps"], "steps_per_s": result["steps"] / result["learn_s"],
+                       "learn_s": result["learn_s"], "process_wall_s": wall, "final_return": result["final_return"],
+                       "episodes": result["episodes"], "in_sync": result["in_sync"], "load_before": load}
+                runs.append(run)
+                curves += [{"repeat": repeat, "system": run["system"], "steps": s, "seconds": t, "mean_return": r}
+                           for s, t, r in result["curve"]]
+                print(f"{run['system']}: {fmt(run['steps_per_s'])} steps/s, final return {run['final_return']:.1f}, "
+                      f"{wall:.0f} s", flush=True)
+    wall_s = time.perf_counter() - began
+
+    plain_rate = {r["repeat"]: r["steps_per_s"] for r in runs if r["kind"] == "plain"}
+    for r in runs:
+        r["vs_plain"] = r["steps_per_s"] / plain_rate[r["repeat"]]
+    write_csv(args.out / "runs.csv", runs)
+    write_csv(args.out / "curves.csv", curves)
+
+    rows = [[r["repeat"], r["system"], fmt(r["steps_per_s"]), f"{r['vs_plain']:.2f}x", f"{r['final_return']:.1f}",
+             r["episodes"], fmt(r["learn_s"]), fmt(r["process_wall_s"]), "yes" if r["in_sync"] else "NO",
+             f"{r['load_before']:.2f}"] for r in runs]
+    summary = [[label(kind, n), fmt(median([r["steps_per_s"] for r in runs if (r["kind"], r["n"]) == (kind, n)])),
+                f"{median([r['vs_plain'] for r in runs if (r['kind'], r['n']) == (kind, n)]):.2f}x",
+                f"{median([r['final_return'] for r in runs if (r['kind'], r['n']) == (kind, n)]):.1f}"]
+               for kind, n in configs]
+    lines = [
+        f"# Stable-Baselines3 PPO on {args.env}: plain, SubprocVecEnv and mpi_util.sb3",
+        "",
+        *machine_lines(pretty_command(), wall_s, ", ".join(f"{r['system']}: {r['load_before']:.2f}" for r in runs)),
+        f"- budget: {args.total_steps} steps per run (rounded up to whole updates of {BATCH_STEPS} rows), seed "
+        f"{args.seed}; stable_baselines3 {version('stable_baselines3')}, torch {version('torch')}, 1 torch thread "
+        "per process",
+        "",
+        "Median over repeats (vs plain = steps/s over plain SB3's in the same repeat):",
+        "",
+        table(["system", "steps/s", "vs plain", "final return"], summary),
+        "",
+        "Every run:",
+        "",
+        table(["repeat", "system", "steps/s", "vs plain", "final return (last 100 episodes)", "episodes in record",
+               "learn s", "process wall s", "weights equal on all ranks", "load before"], rows),
+        "",
+    ]
+    (args.out / "results.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    plot(curves, args.out / "sb3_mpi.png", args.env)
+    return 0
+
+
+def plot(curves: list[dict[str, Any]], path: Path, env_id: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    for system in dict.fromkeys(c["system"] for c in curves):
+        for repeat in sorted({c["repeat"] for c in curves if c["system"] == system}):
+            points = [c for c in curves if c["system"] == system and c["repeat"] == repeat]
+            name = system if repeat == 1 else None
+            by_steps.plot([p["steps"] for p in points], [p["mean_return"] for p in points], label=name)
+            by_time.plot([p["seconds"] for p in points], [p["mean_return"] for p in points], label=name)
+    by_steps.set_xlabel("environment steps")
+    by_time.set_xlabel("seconds of learn()")
+    for ax in (by_steps, by_time):
+        ax.set_ylabel("mean return, last 100 episodes")
+        ax.grid(alpha=0.3)
+    by_steps.legend(fontsize=8)
+    fig.suptitle(f"SB3 PPO on {env_id}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
