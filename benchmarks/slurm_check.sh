@@ -52,13 +52,14 @@ SCRATCH=$(mktemp -d /tmp/slurm_check.XXXXXX) || die "mktemp failed"
 chmod 755 "$SCRATCH"                       # munged (user munge) must reach its subdirectory
 mkdir -p "$SCRATCH"/{munge,state,spool,log,runs,out}
 CONF=$SCRATCH/slurm.conf
-MUNGE_PID="" CTLD_PID="" SLURMD_PID=""
+MUNGE_PID="" CTLD_PID="" SLURMD_PID="" JOB_PID=""
 declare -a RESULTS=()
 
 cleanup() {
     local status=$?
     trap - EXIT INT TERM
     say "== cleaning up"
+    [ -n "$JOB_PID" ] && kill -TERM "$JOB_PID" 2>/dev/null     # a bounded srun still running (Ctrl-C, TERM)
     if [ -n "$CTLD_PID" ] && kill -0 "$CTLD_PID" 2>/dev/null; then
         timeout 20 scancel --full --quiet --user=root 2>/dev/null    # only this cluster's jobs (SLURM_CONF)
         local deadline=$((SECONDS + 20))
@@ -192,13 +193,25 @@ print(f"{len(rows)} rows, {nprocs} processes, last mean return {float(rows[-1]['
 EOF
 }
 
+# bounded OUT COMMAND...: COMMAND with its output in OUT, ended after STEP_LIMIT s; its exit status. It runs in
+# the background so that a signal to this script is acted on at once (bash waits for a foreground command).
+bounded() {
+    local out=$1; shift
+    timeout -k 10 "$STEP_LIMIT" "$@" >"$out" 2>&1 &
+    JOB_PID=$!
+    wait "$JOB_PID"
+    local status=$?
+    JOB_PID=""
+    return "$status"
+}
+
 # srun_train NAME DIR NPROCS [srun options]: train.py through srun, logging under runs/DIR, then check_run.
 srun_train() {
     local name=$1 dir=$2 nprocs=$3; shift 3
     local logdir=$SCRATCH/runs/$dir out=$SCRATCH/out/$dir.txt start=$SECONDS status why
     say "\$ srun ${*:+$* }-n $nprocs $PYTHON train.py CartPole-v1 --total_steps $STEPS -b $BATCH --logdir $logdir"
-    timeout -k 10 "$STEP_LIMIT" srun "$@" -n "$nprocs" "$PYTHON" train.py CartPole-v1 --total_steps "$STEPS" \
-        -b "$BATCH" --logdir "$logdir" >"$out" 2>&1
+    bounded "$out" srun "$@" -n "$nprocs" "$PYTHON" train.py CartPole-v1 --total_steps "$STEPS" -b "$BATCH" \
+        --logdir "$logdir"
     status=$?
     sed 's/^/   | /' "$out"
     if [ "$status" != 0 ]; then
@@ -215,8 +228,7 @@ srun_train "srun -O -n 8 train.py (8 tasks, $(nproc) CPUs)" n8_overcommit 8 -O
 
 name="srun -n 2 examples/torch_pg_mpi.py" out=$SCRATCH/out/example.txt start=$SECONDS
 say "\$ srun -n 2 $PYTHON examples/torch_pg_mpi.py --iterations 5 --batch_size 1000"
-timeout -k 10 "$STEP_LIMIT" srun -n 2 "$PYTHON" examples/torch_pg_mpi.py --iterations 5 --batch_size 1000 \
-    >"$out" 2>&1
+bounded "$out" srun -n 2 "$PYTHON" examples/torch_pg_mpi.py --iterations 5 --batch_size 1000
 status=$?
 sed 's/^/   | /' "$out"
 iterations=$(grep -c '^iteration [0-9]*: 1000 steps' "$out")
