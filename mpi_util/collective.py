@@ -6,6 +6,10 @@ two steps. First the ranks meet in an exchange of a few int64 per rank (a digest
 dtypes, row counts), waiting for each other without spinning and within the stall limit (stall.py); a mismatch is
 found here, on every rank, before any data moves. Then, all present, the data moves: through shared memory on one
 host (host.py), else in non-blocking MPI operations completed at once.
+
+Across hosts, with a stall limit set, COMM_WORLD's ranks meet through rank 0 instead of in an all-gather: each sends
+its values to rank 0 (a synchronous send, complete once rank 0 has entered the meet) and rank 0 broadcasts them all.
+An all-gather's pending request cannot say which rank is missing; rank 0's pending receives can.
 """
 
 from __future__ import annotations
@@ -16,9 +20,15 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from .host import post_and_complete, transport
+from .host import decide_after_first_collective, poll_requests, post_and_complete, transport
+from .process import COMM_WORLD
 from .stall import watch
 from .wakeup import EXCHANGE_WIDTH
+
+_MEET_TAG = 1
+# A rank whose arrival rank 0 has taken waits this much past its own limit, so that rank 0, which started its wait no
+# later and can name every missing rank, gives up first and its error is the one the user reads.
+REPORT_GRACE_S = 5.0
 
 
 def signature_digest(signature: object) -> int:
@@ -38,9 +48,31 @@ def meet_and_exchange(comm: MPI.Comm, values: list[int], what: str) -> np.ndarra
         return host.exchange(values, what, sequence)
     mine = np.array(values, dtype=np.int64)
     everyone = np.empty((comm.Get_size(), len(values)), dtype=np.int64)
+    if watch.meet_comm is not None and (comm is COMM_WORLD or comm == COMM_WORLD):
+        _meet_through_rank0(watch.meet_comm, mine, everyone, what, sequence)
+        decide_after_first_collective(comm)
+        return everyone
     post = (lambda: [comm.Iallgather(mine, everyone)]) if values else (lambda: [comm.Ibarrier()])
     post_and_complete(comm, post, what, sequence, then_spin=False)
     return everyone
+
+
+def _meet_through_rank0(comm: MPI.Comm, mine: np.ndarray, everyone: np.ndarray, what: str, sequence: int) -> None:
+    """Fill ``everyone`` (size, n) with every rank's ``mine`` (n,) through rank 0 of ``comm`` (COMM_WORLD's duplicate
+    for meets): a stall error on rank 0 names the ranks whose values have not come, on any host."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if rank == 0:
+        everyone[0] = mine
+        receives = [comm.Irecv(everyone[r], source=r, tag=_MEET_TAG) for r in range(1, size)]
+        poll_requests(receives, what, sequence,
+                      late=lambda: [r for r, request in enumerate(receives, start=1) if not request.Test()])
+        poll_requests([comm.Ibcast(everyone, root=0)], what, sequence)
+        return
+    send = comm.Issend(mine, dest=0, tag=_MEET_TAG)
+    result = comm.Ibcast(everyone, root=0)
+    poll_requests([send], what, sequence, late=lambda: [0])
+    poll_requests([result], what, sequence, extra_s=REPORT_GRACE_S,
+                  note="rank 0 has arrived and waits for the ranks it names in its own error")
 
 
 def meet(comm: MPI.Comm, what: str) -> None:

@@ -48,8 +48,9 @@ GATHER_MAX_BYTES = 8 << 20
 _MIN_SEGMENT_BYTES = 64 << 10
 
 
-def poll_requests(requests: list[MPI.Request], what: str, sequence: int) -> None:
-    """Complete ``requests`` by polling ``Testall`` with short, growing sleeps instead of a busy ``Waitall``."""
+def poll_requests(requests: list[MPI.Request], what: str, sequence: int, **stall: object) -> None:
+    """Complete ``requests`` by polling ``Testall`` with short, growing sleeps instead of a busy ``Waitall``.
+    ``stall``: what ``StallWatch.wait_until`` should add to an error (late, extra_s, note)."""
     started = time.monotonic()
     while time.monotonic() - started < POLL_SPIN_S:
         if MPI.Request.Testall(requests):
@@ -61,7 +62,7 @@ def poll_requests(requests: list[MPI.Request], what: str, sequence: int) -> None
         time.sleep(min(sleep_s, seconds_left))
         sleep_s = min(2 * sleep_s, POLL_MAX_SLEEP_S)
 
-    watch.wait_until(lambda: MPI.Request.Testall(requests), sleep, what, sequence)
+    watch.wait_until(lambda: MPI.Request.Testall(requests), sleep, what, sequence, **stall)  # type: ignore[arg-type]
 
 
 class HostTransport:

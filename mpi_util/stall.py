@@ -7,7 +7,9 @@ slowest wait seen so far after warm-up, and never less than ``AUTO_FLOOR_S``. So
 reports a hung rank within a minute, while one whose update takes five minutes waits fifty. On top of the limit,
 ``stall_deadline`` makes every wait give up at a fixed time (a stop was requested: the job must end soon even if a
 rank hangs). A rank that gives up raises CollectiveStallError naming the ranks on its host that have not arrived and
-the collective each last entered (an arrival board in shared memory).
+the collective each last entered (an arrival board in shared memory). When the ranks span hosts, the board covers only
+this host: there ranks meet through rank 0 (collective.py), whose pending receives name the missing ranks on every
+host, and a rank whose arrival rank 0 has taken leaves the report to rank 0.
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ class _ArrivalBoard:
 
     Each rank stores (sequence number, collective name code) into its own slot on entering a collective, a
     plain memory write; a rank that gives up reads every slot to say who has not arrived. Ranks on other
-    hosts are not on the board. Collective over COMM_WORLD to create.
+    hosts are not on the board (``covers_all`` is False then). Collective over COMM_WORLD to create.
     """
 
     def __init__(self) -> None:
+        self.host_names: list[str] = COMM_WORLD.allgather(MPI.Get_processor_name())  # by world rank
         node_comm = COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
         self.world_ranks: list[int] = node_comm.allgather(COMM_WORLD.Get_rank())
+        self.covers_all = COMM_WORLD.allreduce(node_comm.Get_size() == COMM_WORLD.Get_size(), op=MPI.LAND)
         self.index = node_comm.Get_rank()
         self.window, self.slots = shared_int64(node_comm, (node_comm.Get_size(), 2))
         self.slots[self.index] = (0, -1)
@@ -68,6 +72,9 @@ class StallWatch:
         from_environment = os.environ.get("MPI_UTIL_STALL_TIMEOUT")
         self.limit: float | str | None = float(from_environment) if from_environment else None
         self.board: _ArrivalBoard | None = None
+        # Across hosts (the board does not cover every rank), COMM_WORLD's meets go through rank 0 on this duplicate
+        # of COMM_WORLD (collective.py), so that rank 0's pending receives name the missing ranks.
+        self.meet_comm: MPI.Comm | None = None
         self.sequence = 0  # collectives this rank has entered; equal on all ranks when they are in step
         self.names: list[str] = []  # collective names, indexed by the codes on the board
         self.calls: dict[str, int] = {}  # calls of each collective so far
@@ -94,36 +101,53 @@ class StallWatch:
             return max(AUTO_FLOOR_S, AUTO_FACTOR * self.slowest_wait_s)
         return float(self.limit)
 
-    def wait_until(self, done: Callable[[], bool], sleep: Callable[[float], None], what: str, sequence: int) -> None:
-        """Call ``sleep(seconds_left)`` until ``done()``; raise CollectiveStallError when the limit or the deadline
-        passes first. The wait's length feeds the "auto" limit."""
+    def wait_until(self, done: Callable[[], bool], sleep: Callable[[float], None], what: str, sequence: int,
+                   late: Callable[[], list[int]] | None = None, extra_s: float = 0.0, note: str = "") -> None:
+        """Call ``sleep(seconds_left)`` until ``done()``; raise CollectiveStallError when the limit (plus ``extra_s``)
+        or the deadline passes first. The wait's length feeds the "auto" limit.
+
+        late: the world ranks known not to have arrived (asked only when giving up), for ranks the board does not
+        cover; note: what else the error should say about this wait."""
         started = time.monotonic()
-        give_up_at = started + self.limit_s(what)
+        give_up_at = started + self.limit_s(what) + extra_s
         while not done():
             now = time.monotonic()
             if self.deadline is not None and self.deadline[0] <= now:
-                raise CollectiveStallError(self._message(what, sequence, now - started, self.deadline[1]))
+                raise CollectiveStallError(self._message(what, sequence, now - started, self.deadline[1], late, note))
             if now >= give_up_at:
-                raise CollectiveStallError(self._message(what, sequence, now - started, None))
+                raise CollectiveStallError(self._message(what, sequence, now - started, None, late, note))
             sleep(min(give_up_at, self.deadline[0] if self.deadline else math.inf) - now)
         if self.calls.get(what, 0) > AUTO_WARMUP_CALLS:
             self.slowest_wait_s = max(self.slowest_wait_s, time.monotonic() - started)
 
-    def _message(self, what: str, sequence: int, waited_s: float, reason: str | None) -> str:
-        message = f"rank {COMM_WORLD.Get_rank()}: no progress for {waited_s:.0f} s in {what} (collective #{sequence})"
+    def _message(self, what: str, sequence: int, waited_s: float, reason: str | None,
+                 late: Callable[[], list[int]] | None, note: str) -> str:
+        board, where, rank = self.board, self._where, COMM_WORLD.Get_rank()
+        message = f"rank {rank}{where(rank)}: no progress for {waited_s:.0f} s in {what} (collective #{sequence})"
         if reason:
             message += f", {reason}"
-        if self.board is not None:
-            late = [
-                f"rank {r} has not arrived (last entered "
-                + (f"{self.names[code]}, collective #{seq})" if code >= 0 else "no collective yet)")
-                for r, seq, code in self.board.missing(sequence)
-            ]
-            if late:
-                message += ": " + "; ".join(late)
+        missing: list[str] = []
+        on_board: set[int] = set()
+        if board is not None:
+            for r, seq, code in board.missing(sequence):
+                on_board.add(r)
+                missing.append(f"rank {r}{where(r)} has not arrived (last entered "
+                               + (f"{self.names[code]}, collective #{seq})" if code >= 0 else "no collective yet)"))
+            on_board.update(board.world_ranks)
+        if late is not None:
+            missing += [f"rank {r}{where(r)} has not arrived" for r in late() if r not in on_board]
+        if missing:
+            message += ": " + "; ".join(missing)
+        if note:
+            message += f"; {note}"
         if reason:
             return message
         return message + "; a rank is stuck or dead (a slow but healthy job needs a longer stall timeout)"
+
+    def _where(self, r: int) -> str:
+        """' (on HOST)' for world rank ``r`` when the ranks span hosts, else nothing."""
+        board = self.board
+        return f" (on {board.host_names[r]})" if board is not None and not board.covers_all else ""
 
 
 watch = StallWatch()
@@ -134,15 +158,18 @@ def set_stall_timeout(seconds: float | str | None) -> None:
 
     seconds: a fixed limit in seconds; "auto" (the first 2 calls of each collective may wait 10 minutes, later ones
     10x the slowest wait seen so far, at least 60 s); or None, wait forever (the default; the MPI_UTIL_STALL_TIMEOUT
-    environment variable sets a fixed limit). The error names the ranks on this host that have not arrived and the
-    collective each last entered. Collective over COMM_WORLD: every rank calls it, at the same point (each rank
-    applies its own value). Under ``mpi_fork`` an uncaught CollectiveStallError aborts the whole job.
+    environment variable sets a fixed limit). The error names the ranks that have not arrived (with the collective
+    each last entered, for ranks on this host; and their host, when the ranks span hosts). Collective over COMM_WORLD:
+    every rank calls it, at the same point (each rank applies its own value). Under ``mpi_fork`` an uncaught
+    CollectiveStallError aborts the whole job.
     """
     if not (seconds is None or seconds == "auto" or (isinstance(seconds, (int, float)) and seconds > 0)):
         raise ValueError(f"stall timeout must be a number of seconds > 0, 'auto' or None, got {seconds!r}")
     watch.limit = seconds
     if watch.board is None and COMM_WORLD.Get_size() > 1:
         watch.board = _ArrivalBoard()
+        if not watch.board.covers_all:
+            watch.meet_comm = COMM_WORLD.Dup()
 
 
 def stall_deadline(seconds: float, reason: str) -> None:
