@@ -1,0 +1,65 @@
+"""Ranks on several hosts (or made to look so): case argv[2], results into directory argv[1].
+
+data: two rounds of rank0_accum_batches (GATHER_ROWS float32 rows of 64 per rank, 2 MiB, drawn from the rank's seed)
+  and rank0_bcast_wts (4 MiB of rank 0's weights); every rank checks what it got against the answer computed
+  sequentially and writes data_{rank}.json: {"exact", "host", "node_size", "host_transport"}.
+stall: a 2 s stall limit on every rank; the last rank hangs before the third meet (rank 0 enters it late, after the
+  others). The job must end with an error that names the last rank and its host.
+raise: the last rank raises after one gather; the job must end with its traceback.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+import mpi_util
+from mpi_util.collective import meet
+from mpi_util.host import transport
+from mpi_util.process import COMM_WORLD
+
+GATHER_ROWS = 8192  # x 64 float32 = 2 MiB per rank
+BCAST_FLOATS = 1 << 20  # 4 MiB
+
+out_dir, case = Path(sys.argv[1]), sys.argv[2]
+rank, size, last = mpi_util.rank, mpi_util.nworkers, mpi_util.nworkers - 1
+mpi_util.install_abort_on_exception()
+
+
+def rows_of(r: int, round_: int) -> np.ndarray:
+    return np.random.default_rng([r, round_]).standard_normal((GATHER_ROWS, 64)).astype(np.float32)
+
+
+if case == "data":
+    exact = True
+    for round_ in range(2):
+        gathered = mpi_util.rank0_accum_batches({"obs": rows_of(rank, round_), "rank": np.full(GATHER_ROWS, rank)})
+        if rank == 0:
+            exact &= np.array_equal(gathered["obs"], np.concatenate([rows_of(r, round_) for r in range(size)]))
+            exact &= np.array_equal(gathered["rank"], np.repeat(np.arange(size), GATHER_ROWS))
+        expected = np.random.default_rng([99, round_]).standard_normal(BCAST_FLOATS).astype(np.float32)
+        weights = [expected.copy() if rank == 0 else np.zeros(BCAST_FLOATS, np.float32), np.array([rank], np.int64)]
+        mpi_util.rank0_bcast_wts(weights)
+        exact &= np.array_equal(weights[0], expected) and int(weights[1][0]) == 0
+    node = COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    record = {"exact": bool(exact), "host": MPI.Get_processor_name(), "node_size": node.Get_size(),
+              "host_transport": transport(COMM_WORLD) is not None}
+    (out_dir / f"data_{rank}.json").write_text(json.dumps(record))
+elif case == "stall":
+    mpi_util.set_stall_timeout(2.0)
+    for call in range(3):
+        if call == 2 and rank == last:
+            time.sleep(3600)
+        if call == 2 and rank == 0:
+            time.sleep(0.5)  # the others wait first: they must leave the report to rank 0
+        meet(COMM_WORLD, "step")
+elif case == "raise":
+    mpi_util.rank0_accum_batches({"x": np.zeros(3)})
+    if rank == last:
+        raise ValueError(f"boom on {MPI.Get_processor_name()}")
+    meet(COMM_WORLD, "after")
+else:
+    raise SystemExit(f"unknown case {case}")
