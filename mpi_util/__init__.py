@@ -23,7 +23,7 @@ from .budget import SharedBudget
 from .gather import BatchMismatchError, gather_objects, rank0_accum_batches
 from .gpu import check_gpu_pct, setup_gpu, tf_config
 from .launch import ForkResult, MpiexecNotFoundError, find_mpiexec, mpi_fork, under_mpi_launcher
-from .process import abort, install_abort_on_exception, local_rank, nworkers, print0, rank
+from .process import abort, install_abort_on_exception, local_rank, nworkers, print0, rank, stdout_is_terminal
 from .reduce import all_mean, all_sum
 from .seeding import rank_seed, set_global_seeds
 from .stall import CollectiveStallError, set_stall_timeout, stall_deadline
@@ -56,6 +56,7 @@ __all__ = [
     "set_stall_timeout",
     "setup_gpu",
     "stall_deadline",
+    "stdout_is_terminal",
     "tf_config",
     "under_mpi_launcher",
 ]

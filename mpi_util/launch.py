@@ -12,7 +12,7 @@ from types import FrameType
 
 from mpi4py import MPI
 
-from .process import COMM_WORLD, install_abort_on_exception
+from .process import COMM_WORLD, install_abort_on_exception, settle_local_rank
 
 # Set by mpiexec / mpirun / srun in every rank they start (MPICH Hydra, Open MPI, PMIx, Slurm's PMI).
 _LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID")
@@ -21,6 +21,18 @@ _FORKED_MARKER = "MPI_UTIL_FORKED"
 # In the workers (ranks 1..n-1): one BLAS / OpenMP thread each, since n ranks share the cores. Rank 0 keeps the
 # launching environment's settings: its learner (TensorFlow, torch, numpy) uses the cores while the workers wait.
 _WORKER_THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+# Open MPI settings for the job, unless the environment sets them: ranks often outnumber the cores (workers wait while
+# rank 0 learns), and a waiting rank should yield its core instead of busy-polling (an 8 MB broadcast across two hosts,
+# oversubscribed: about 1 s without, 25 ms with); and its UCX one-sided component prints "osc_ucx_component ...
+# priority set inside component query failed" at every shared-memory window, which it then does not use anyway.
+OPEN_MPI_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_osc": "^ucx"}
+
+# Open MPI's mpiexec gives ranks on other hosts only OMPI_* variables and those named with -x (MPICH's hydra passes
+# the whole environment): these are named too, when set, so that every rank runs the same Python the same way.
+_FORWARDED_PREFIXES = ("MPI_UTIL_", "MPI_BATCH_RL_", "MPI4PY_")
+_FORWARDED_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "TF_CPP_MIN_LOG_LEVEL",
+                    "CUDA_VISIBLE_DEVICES", *_WORKER_THREADS)
 
 
 class MpiexecNotFoundError(RuntimeError):
@@ -112,11 +124,49 @@ def _terminate_with_parent() -> None:
         pass
 
 
+def hostfile_flags(hostfile: str, open_mpi: bool, map_by_slot: bool = True) -> list[str]:
+    """The launcher's flags for a host list in ``hostfile``: Open MPI ``--hostfile FILE --map-by slot`` (without the
+    mapping, --oversubscribe put every rank on the first host; ``map_by_slot=False`` leaves the mapping to the
+    user), MPICH's hydra ``-f FILE``. FileNotFoundError with a one-line reason when the file is not there."""
+    if not os.path.isfile(hostfile):
+        raise FileNotFoundError(f"hostfile {hostfile} not found")
+    if not open_mpi:
+        return ["-f", hostfile]
+    return ["--hostfile", hostfile, *(["--map-by", "slot"] if map_by_slot else [])]
+
+
+def mpiexec_command(n: int, program: Sequence[str], mpiexec_args: Sequence[str] = (), hostfile: str | None = None,
+                    launcher: str | None = None, open_mpi: bool | None = None,
+                    env: dict[str, str] | None = None) -> list[str]:
+    """The command line mpi_fork runs: ``n`` ranks of ``program`` in two executable blocks (MPMD), rank 0 with the
+    launching environment, ranks 1..n-1 with one BLAS / OpenMP thread each. Under Open MPI also --oversubscribe,
+    --allow-run-as-root when root, and -x for the variables every rank needs (``env``'s names)."""
+    launcher = launcher or find_mpiexec()
+    open_mpi = mpi_library_is_open_mpi() if open_mpi is None else open_mpi
+    env = os.environ if env is None else env
+    flags: list[str] = []
+    if open_mpi:
+        flags.append("--oversubscribe")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            flags.append("--allow-run-as-root")
+    if hostfile is not None:
+        flags += hostfile_flags(hostfile, open_mpi, map_by_slot=not any(a.startswith("--map-by") for a in mpiexec_args))
+    forwarded = sorted(name for name in env if name.startswith(_FORWARDED_PREFIXES) or name in _FORWARDED_NAMES) \
+        if open_mpi else []
+    rank0_env = [word for name in forwarded for word in ("-x", name)]
+    worker_env = [word for name in forwarded if name not in _WORKER_THREADS for word in ("-x", name)]
+    worker_env += [word for name, value in _WORKER_THREADS.items()
+                   for word in (["-x", f"{name}={value}"] if open_mpi else ["-env", name, value])]
+    return [launcher, *flags, *mpiexec_args, "-n", "1", *rank0_env, *program,
+            ":", "-n", str(n - 1), *worker_env, *program]
+
+
 def mpi_fork(
     n: int,
     gpu_pct: float = 0.0,
     mpiexec_args: Sequence[str] = (),
     mpiexec: str | None = None,
+    hostfile: str | None = None,
 ) -> ForkResult:
     """Relaunch the running script as ``n`` MPI ranks and wait for them.
 
@@ -132,9 +182,12 @@ def mpi_fork(
     OpenMP thread each (OMP_NUM_THREADS, MKL_NUM_THREADS, OPENBLAS_NUM_THREADS = 1), since the ranks share the cores;
     rank 0 keeps this process's settings, so that a learner on rank 0 uses the cores while the workers wait.
     gpu_pct: fraction of each GPU's memory each rank may take, in [0, 1]; passed to the ranks as
-    MPI_UTIL_GPU_PCT for ``setup_gpu``. mpiexec_args: extra launcher flags. mpiexec: the launcher to use,
-    found with ``find_mpiexec`` by default. Under Open MPI, --oversubscribe (more ranks than cores) and, when
-    running as root, --allow-run-as-root are added; MPICH needs neither. Ctrl-C / SIGTERM to the parent are
+    MPI_UTIL_GPU_PCT for ``setup_gpu``. mpiexec_args: extra launcher flags, placed before the ranks' blocks.
+    mpiexec: the launcher to use, found with ``find_mpiexec`` by default. hostfile: the hosts to run on, in the
+    launcher's format (MPICH: ``host:slots`` lines; Open MPI: ``host slots=N`` lines), passed as ``-f`` to MPICH
+    and as ``--hostfile`` with ``--map-by slot`` to Open MPI. Under Open MPI, --oversubscribe (more ranks than
+    cores), --allow-run-as-root when running as root, OPEN_MPI_DEFAULTS in the environment, and ``-x`` for the
+    variables ranks on other hosts need are added; MPICH needs none of it. Ctrl-C / SIGTERM to the parent are
     passed on to the job.
     """
     if isinstance(n, bool) or not isinstance(n, int):
@@ -143,25 +196,22 @@ def mpi_fork(
         raise ValueError(f"mpi_fork: number of processes must be at least 1, got {n}")
     if not 0.0 <= float(gpu_pct) <= 1.0:
         raise ValueError(f"mpi_fork: gpu_pct must be in [0, 1] (a fraction of GPU memory), got {gpu_pct}")
+    if isinstance(mpiexec_args, str):
+        raise TypeError("mpi_fork: mpiexec_args must be a list of arguments (shlex.split a string first)")
     if under_mpi_launcher():
         install_abort_on_exception()
+        settle_local_rank()
         return ForkResult("child")
     if n == 1:
         return ForkResult("child")
-    launcher = mpiexec or find_mpiexec()
+    open_mpi = mpi_library_is_open_mpi()
     env = dict(os.environ, MPI_UTIL_GPU_PCT=str(float(gpu_pct)))
     env[_FORKED_MARKER] = "1"
-    flags: list[str] = []
-    open_mpi = mpi_library_is_open_mpi()
     if open_mpi:
-        flags.append("--oversubscribe")
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            flags.append("--allow-run-as-root")
-    program = [sys.executable, "-u", *_this_program()]
-    # Two executable blocks (MPMD): rank 0 with the launching environment, ranks 1..n-1 with one thread each.
-    worker_env = [word for name, value in _WORKER_THREADS.items()
-                  for word in (["-x", f"{name}={value}"] if open_mpi else ["-env", name, value])]
-    command = [launcher, *flags, *mpiexec_args, "-n", "1", *program, ":", "-n", str(n - 1), *worker_env, *program]
+        for name, value in OPEN_MPI_DEFAULTS.items():
+            env.setdefault(name, value)
+    command = mpiexec_command(n, [sys.executable, "-u", *_this_program()], mpiexec_args, hostfile,
+                              mpiexec or find_mpiexec(), open_mpi, env)
 
     # The job gets its own session, so a Ctrl-C at the terminal reaches it once, forwarded by this process
     # (mpiexec treats a second Ctrl-C as "abort now"); and it is told to stop if this process dies.

@@ -27,22 +27,91 @@ def print0(*args: Any, comm: MPI.Comm | None = None, **kwargs: Any) -> None:
         print(*args, **kwargs)
 
 
-def local_rank(comm: MPI.Comm | None = None) -> int:
-    """Rank of this process among the ranks on the same host (for pinning one GPU per process).
+# Set by mpi_fork in every rank under Open MPI: the rank among COMM_WORLD's ranks on this host, in world-rank order.
+_world_node_rank: int | None = None
 
-    Read from the launcher's environment when it sets one; otherwise computed with a shared-memory
-    communicator split, which is a collective: then every rank must call this.
+
+def local_rank(comm: MPI.Comm | None = None) -> int:
+    """Rank of this process among the ranks on the same host (for pinning one GPU per process): the position of
+    its world rank among those on its host, so rank 0 of each host gets GPU 0, the next rank GPU 1, and so on.
+
+    For COMM_WORLD read from the launcher without communicating: MPICH's MPI_LOCALRANKID, Slurm's SLURM_LOCALID.
+    Open MPI's OMPI_COMM_WORLD_LOCAL_RANK follows its mapping instead (0, 2, 1, 3 for ranks 0-3 of one host under
+    the default --map-by), so under Open MPI ``mpi_fork``, which every rank calls, computes the host's order once;
+    a script that skips mpi_fork gets Open MPI's value, still one distinct number per rank of a host. Otherwise (or
+    for another communicator) a shared-memory communicator split, a collective: then every rank must call this.
     """
     comm = COMM_WORLD if comm is None else comm
     if comm is COMM_WORLD:
+        if _world_node_rank is not None:
+            return _world_node_rank
         for name in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK", "SLURM_LOCALID"):
             if name in os.environ:
                 return int(os.environ[name])
+    return _node_rank(comm)
+
+
+def _node_rank(comm: MPI.Comm) -> int:
+    """This rank's rank among ``comm``'s ranks on its host (world-rank order). Collective."""
     node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         return node_comm.Get_rank()
     finally:
         node_comm.Free()
+
+
+def settle_local_rank() -> None:
+    """Called by every rank at start-up (mpi_fork does): where the launcher's local rank may not follow the world
+    ranks on a host (Open MPI), compute the one that does, once. Collective over COMM_WORLD under Open MPI."""
+    global _world_node_rank
+    if _world_node_rank is None and COMM_WORLD.Get_size() > 1 and "MPI_LOCALRANKID" not in os.environ \
+            and "Open MPI" in MPI.Get_library_version():
+        _world_node_rank = _node_rank(COMM_WORLD)
+
+
+def stdout_is_terminal() -> bool:
+    """Whether what this process prints reaches a terminal (for drawing a progress bar).
+
+    Under mpiexec a rank's stdout is the launcher's: a pipe under MPICH, a pseudo-terminal under Open MPI even when
+    the user sent the output to a file. So when the launcher (mpiexec, mpirun, prterun) is an ancestor of this
+    process, the answer is whether the launcher's own stdout is a terminal; elsewhere under Open MPI (a rank on
+    another host) False; otherwise ``sys.stdout.isatty()``.
+    """
+    launcher = _launcher_stdout()
+    if launcher is not None:
+        return launcher
+    if "PRTE_LAUNCHED" in os.environ or "OMPI_COMM_WORLD_SIZE" in os.environ:
+        return False
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+_LAUNCHER_NAMES = ("mpiexec", "mpirun", "mpiexec.hydra", "prterun", "orterun")
+
+
+def _launcher_stdout() -> bool | None:
+    """Whether the nearest ancestor that is an MPI launcher has a terminal on fd 1; None without such an ancestor
+    (or where /proc cannot tell)."""
+    try:
+        pid = os.getppid()
+        for _ in range(6):
+            if pid <= 1:
+                return None
+            with open(f"/proc/{pid}/comm") as f:
+                name = f.read().strip()
+            if name in _LAUNCHER_NAMES:
+                fd = os.open(f"/proc/{pid}/fd/1", os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+                try:
+                    return os.isatty(fd)
+                finally:
+                    os.close(fd)
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def abort(message: str, code: int = 1) -> NoReturn:

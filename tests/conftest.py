@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mpi_util import find_mpiexec
+from mpi_util.launch import OPEN_MPI_DEFAULTS, mpi_library_is_open_mpi
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
@@ -36,11 +37,22 @@ def run_bounded(command: list[str], timeout: float, env: dict[str, str] | None =
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
+def launcher(*args: str) -> tuple[list[str], dict[str, str]]:
+    """The project's mpiexec with ``args``, and the environment to run it in, as a user would start it: under Open
+    MPI with --oversubscribe (these tests start more ranks than cores), --allow-run-as-root when root (CI is root)
+    and the settings mpi_fork gives a job (OPEN_MPI_DEFAULTS)."""
+    if not mpi_library_is_open_mpi():
+        return [find_mpiexec(), *args], {}
+    flags = ["--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
+    settings = {name: os.environ.get(name, value) for name, value in OPEN_MPI_DEFAULTS.items()}
+    return [find_mpiexec(), *flags, *args], settings
+
+
 def mpiexec(nprocs: int, script: str, *args: str, timeout: float = 90, env: dict[str, str] | None = None,
             check: bool = True) -> subprocess.CompletedProcess:
     """Run tests/mpi_scripts/``script`` as ``nprocs`` ranks under the project's mpiexec."""
-    command = [find_mpiexec(), "-n", str(nprocs), sys.executable, "-u", str(SCRIPTS / script), *args]
-    result = run_bounded(command, timeout, env)
+    command, launch_env = launcher("-n", str(nprocs), sys.executable, "-u", str(SCRIPTS / script), *args)
+    result = run_bounded(command, timeout, {**launch_env, **(env or {})})
     if check and result.returncode != 0:
         pytest.fail(f"exit {result.returncode}: {' '.join(command)}\nstdout:\n{result.stdout[-3000:]}\n"
                     f"stderr:\n{result.stderr[-3000:]}")
