@@ -113,6 +113,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nprocs", type=str,
                         help="number of MPI processes; more than the cores is fine; under mpiexec, mpirun or srun "
                              f"the launcher's count is used (default: {_default('nprocs')})")
+    parser.add_argument("--hostfile", type=str, metavar="FILE", default=None,
+                        help="run the --nprocs processes on the hosts FILE lists, in your MPI's format (MPICH: "
+                             "'host:slots' lines; Open MPI: 'host slots=N' lines); ignored under a launcher")
+    parser.add_argument("--mpiexec_args", type=str, metavar="ARGS", default=None,
+                        help="extra arguments for the mpiexec that --nprocs starts, as one quoted string after '=', "
+                             "e.g. --mpiexec_args='--bind-to none'; ignored under a launcher")
     parser.add_argument("--gpu_pct", type=float,
                         help="fraction of GPU memory for rank 0, the one process that runs TensorFlow, in [0, 1]; "
                              f"0 grows as needed; ignored without a GPU (default: {_default('gpu_pct')})")
@@ -261,6 +267,25 @@ def explicit_settings(args: argparse.Namespace) -> dict:
     return given
 
 
+def launch_settings(args: argparse.Namespace, nprocs: int) -> dict:
+    """mpi_fork's hostfile and mpiexec_args from --hostfile and --mpiexec_args; ValueError with a one-line reason."""
+    import shlex
+
+    settings: dict = {}
+    if args.mpiexec_args is not None:
+        try:
+            settings["mpiexec_args"] = shlex.split(args.mpiexec_args)
+        except ValueError as error:
+            raise ValueError(f"--mpiexec_args '{args.mpiexec_args}': {error}") from None
+    if args.hostfile is not None:
+        if not os.path.isfile(args.hostfile):
+            raise ValueError(f"--hostfile {args.hostfile}: no such file")
+        if nprocs < 2 and not mpi_util.under_mpi_launcher():
+            raise ValueError("--hostfile needs --nprocs N with N >= 2 (the processes to spread over the hosts)")
+        settings["hostfile"] = args.hostfile
+    return settings
+
+
 def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
     """The run's config, its directory, and whether it resumes; ValueError with a one-line reason if bad."""
     given = explicit_settings(args)
@@ -376,6 +401,7 @@ def main() -> int:
         return play(Path(args.play), args.episodes, args.video)
     try:
         config, run_dir, resuming = build_config(args)
+        launch = launch_settings(args, config.nprocs)
         if mpi_util.rank == 0 and not mpi_util.under_mpi_launcher():
             run_dir.mkdir(parents=True, exist_ok=True)
             probe = run_dir / ".write_test"
@@ -389,19 +415,23 @@ def main() -> int:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
 
+    run_dir_from_parent = _RUN_DIR_VARIABLE in os.environ  # mpi_fork's parent named it for every rank
     os.environ[_RUN_DIR_VARIABLE] = str(run_dir)
-    os.environ.setdefault(_TTY_VARIABLE, "1" if sys.stdout.isatty() else "0")
+    # Under Open MPI's mpiexec a rank's stdout is a pseudo-terminal even when the user's output goes to a file.
+    os.environ.setdefault(_TTY_VARIABLE, "1" if mpi_util.stdout_is_terminal() else "0")
     # mpi_fork leaves rank 0 this environment's thread settings (the workers get one thread). Rank 0's learner here
     # is TensorFlow, whose thread pools train() sizes itself; BLAS and OpenMP stay at one thread unless set, as in
     # the measured results (more threads change the update's rounding, so the results would move by the cores).
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(name, "1")
-    fork = mpi_util.mpi_fork(config.nprocs, config.gpu_pct)
+    fork = mpi_util.mpi_fork(config.nprocs, config.gpu_pct, **launch)
     if fork == "parent":
         return fork.returncode
     if mpi_util.nworkers != config.nprocs:  # started by an outside mpiexec: its size wins
         config.nprocs = mpi_util.nworkers
         check_config(config)
+    if mpi_util.nworkers > 1 and not resuming and not run_dir_from_parent:
+        run_dir = Path(mpi_util.bcast_object(str(run_dir)))  # an outside mpiexec: each rank named one; rank 0's wins
     return train(config, run_dir, resuming)
 
 

@@ -198,7 +198,7 @@ def test_help_explains_every_option():
     assert result.returncode == 0
     for option in ("--algo", "--nprocs", "--gpu_pct", "--total_steps", "--num_episodes", "--batch_size", "--gamma",
                    "--lam", "--kl_targ", "--hidden", "--seed", "--logdir", "--resume", "--play", "--video",
-                   "--check_sync", "--checkpoint_every"):
+                   "--check_sync", "--checkpoint_every", "--hostfile", "--mpiexec_args"):
         assert option in result.stdout
     assert "(default: 2048)" in result.stdout and "(default: ppo)" in result.stdout
 
@@ -220,6 +220,10 @@ BAD_INPUTS = [
     (["CartPole-v1", "--lam", "0"], "--lam must be in (0, 1]"),
     (["CartPole-v1", "--hidden", "64,x"], "--hidden must be comma-separated layer sizes"),
     (["--resume", "/nonexistent/run"], "not a run directory (no config.json)"),
+    (["CartPole-v1", "--nprocs", "2", "--hostfile", "/no/hosts"], "--hostfile /no/hosts: no such file"),
+    (["CartPole-v1", "--hostfile", __file__], "--hostfile needs --nprocs N with N >= 2"),
+    (["CartPole-v1", "--nprocs", "2", "--mpiexec_args=-genv X 'unclosed"], "--mpiexec_args '-genv X 'unclosed': "
+                                                                           "No closing quotation"),
     ([], "name an environment"),
 ]
 

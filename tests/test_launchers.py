@@ -1,0 +1,109 @@
+"""train.py and mpi_util started by an outside launcher (mpiexec / mpirun), with a hostfile or extra mpiexec flags,
+under whichever MPI mpi4py loaded (MPICH in .venv; Open MPI through .ci/openmpi)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SCRIPTS, launcher, run_bounded
+
+from mpi_util.launch import mpi_library_is_open_mpi
+
+TRAIN = str(REPO / "train.py")
+OPEN_MPI = mpi_library_is_open_mpi()
+
+
+def only_run_dir(logdir: Path) -> Path:
+    runs = list(logdir.iterdir())
+    assert len(runs) == 1, runs  # only rank 0 writes the run directory, and one of it
+    return runs[0]
+
+
+def test_train_started_by_mpirun_writes_one_run_directory_and_no_bar_into_a_file(tmp_path):
+    # mpirun is the name both MPICH and Open MPI install beside mpiexec. Output to a file: under Open MPI a rank's
+    # stdout is a pseudo-terminal all the same, and the progress bar must not be drawn into the file.
+    command, env = launcher("-np", "2", sys.executable, "-u", TRAIN, "CartPole-v1", "--total_steps", "2048",
+                            "--batch_size", "1024", "--logdir", str(tmp_path / "runs"))
+    command[0] = str(Path(command[0]).with_name("mpirun"))
+    with open(tmp_path / "out.txt", "w") as out:
+        proc = subprocess.run(command, stdout=out, stderr=subprocess.PIPE, text=True, timeout=240,
+                              env={**os.environ, "PYTHONPATH": str(REPO), **env}, cwd=tmp_path)
+    text = (tmp_path / "out.txt").read_text()
+    assert proc.returncode == 0, proc.stderr[-3000:] + text[-3000:]
+    assert "PPO on CartPole-v1: 2 processes" in text, text
+    assert "\r" not in text and "step/s" not in text, text  # tqdm's bar: carriage returns and a rate
+    run_dir = only_run_dir(tmp_path / "runs")
+    with open(run_dir / "progress.csv") as f:
+        assert [int(row["total_steps"]) for row in csv.DictReader(f)] == [1024, 2048]
+
+
+def test_train_nprocs_with_hostfile_and_mpiexec_args(tmp_path):
+    # A host list of this machine with two slots, in each MPI's own format, and a launcher flag whose effect shows:
+    # each output line tagged with its rank.
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n" if OPEN_MPI else "localhost:2\n")
+    tag_flag = "--tag-output" if OPEN_MPI else "-prepend-rank"
+    result = run_bounded([sys.executable, TRAIN, "CartPole-v1", "--nprocs", "2", "--hostfile", str(hostfile),
+                          f"--mpiexec_args={tag_flag}", "--total_steps", "1024", "--batch_size", "1024",
+                          "--logdir", str(tmp_path / "runs")], timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^\[1?,?0\].*PPO on CartPole-v1: 2 processes", result.stdout, re.MULTILINE), result.stdout
+    only_run_dir(tmp_path / "runs")
+
+
+def test_local_rank_is_the_rank_among_the_ranks_of_this_host(tmp_path):
+    # Open MPI's own local rank follows its mapping (0, 2, 1, 3 for ranks 0-3 here); local_rank() must follow the
+    # world ranks on the host, as the shared-memory split numbers them. Output to a file: no terminal on any rank.
+    command, env = launcher("-n", "4", sys.executable, str(SCRIPTS / "launch_probe.py"), str(tmp_path / "ranks"))
+    result = run_bounded(command, timeout=90, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split() for line in (tmp_path / "ranks").read_text().splitlines()]
+    assert [(int(world), int(local), int(node)) for world, local, node, _ in rows] == [(r, r, r) for r in range(4)]
+    assert all(tty == "False" for *_, tty in rows), rows
+
+
+def test_stdout_is_terminal_follows_the_launchers_terminal(tmp_path):
+    command, env = launcher("-n", "2", sys.executable, str(SCRIPTS / "launch_probe.py"), str(tmp_path / "ranks"))
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal,
+                                env={**os.environ, "PYTHONPATH": str(REPO), **env}, start_new_session=True)
+        os.close(terminal)
+        output, deadline = b"", time.monotonic() + 90
+        while time.monotonic() < deadline:  # drain the terminal so the job never blocks on a full one
+            if not select.select([controller], [], [], 1.0)[0]:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(controller, 4096)
+            except OSError:  # the job closed the terminal
+                break
+            output += chunk
+        try:
+            returncode = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"timed out after 90 s: {' '.join(command)}\n{output.decode(errors='replace')[-3000:]}")
+        assert returncode == 0, output.decode(errors="replace")[-3000:]
+    finally:
+        os.close(controller)
+    rows = [line.split() for line in (tmp_path / "ranks").read_text().splitlines()]
+    assert [tty for *_, tty in rows] == ["True", "True"], rows
+
+
+def test_fork_job_with_shared_windows_prints_nothing_on_stderr():
+    # The one-host transport allocates shared-memory windows; Open MPI's osc_ucx would complain about each.
+    result = run_bounded([sys.executable, str(SCRIPTS / "fork_job.py"), "3"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
