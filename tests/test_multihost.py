@@ -131,3 +131,30 @@ def test_train_across_hosts_learns_resumes_and_logs_what_one_host_logs(two_hosts
             assert float(mine[key]) == pytest.approx(float(theirs[key]), rel=1e-3), (key, mine, theirs)
     assert float(rows[-1]["ep_return_mean"]) > 60, rows[-1]  # random play: about 22
     assert no_process_left(two_hosts) == []
+
+
+# Without namespaces: MPICH told that the ranks sit on two nodes (odd and even ranks), which the ordinary suite runs
+# anywhere. The data still moves through shared memory, but mpi_util must take its "several hosts" paths: no one-host
+# transport, an arrival board per node, meets through rank 0.
+CLIQUES = {"MPIR_CVAR_ODD_EVEN_CLIQUES": "1"}
+
+
+def test_two_cliques_fall_back_to_mpi_with_exact_results(run_mpi, tmp_path):
+    run_mpi(4, "multihost_cases.py", str(tmp_path), "data", env=CLIQUES, timeout=90)
+    records = [json.loads((tmp_path / f"data_{r}.json").read_text()) for r in range(4)]
+    assert all(r["exact"] and r["node_size"] == 2 and not r["host_transport"] for r in records), records
+
+
+def test_two_cliques_stall_error_names_the_rank_on_the_other_node(run_mpi, tmp_path):
+    result = run_mpi(4, "multihost_cases.py", str(tmp_path), "stall", env=CLIQUES, timeout=60, check=False)
+    assert result.returncode != 0
+    assert re.search(r"rank 0 \(on \S+\): no progress for \d+ s in step \(collective #\d+\): rank 3 \(on \S+\) has "
+                     r"not arrived", result.stderr), result.stderr[-3000:]
+
+
+def test_two_cliques_train_runs(tmp_path):
+    result = run_bounded([sys.executable, TRAIN, "CartPole-v1", "--nprocs", "4", "--total_steps", "4096",
+                          "--logdir", str(tmp_path)], 180, CLIQUES)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = tmp_path.iterdir()
+    assert [row["total_steps"] for row in progress(run_dir)] == ["2048", "4096"]
