@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
 import sys
 import time
@@ -20,8 +19,6 @@ from mpi_util import find_mpiexec
 
 RANKS_PER_HOST = 2
 TRAIN = str(REPO / "train.py")
-ROLLOUT_COLUMNS = ("iteration", "total_steps", "total_episodes", "ep_return_mean", "ep_return_min", "ep_return_max",
-                   "episodes")
 TIMING_COLUMNS = {"steps_per_s", "wall_s", "t_rollout", "t_gather", "t_update", "t_bcast"}
 
 
@@ -101,34 +98,28 @@ def progress(run_dir: Path) -> list[dict[str, str]]:
 
 
 def test_train_across_hosts_learns_resumes_and_logs_what_one_host_logs(two_hosts, launcher, tmp_path):
-    # The same job on one host (mpi_fork, 4 ranks) and across the hosts, stopped after iteration 4 on an episode
-    # budget and resumed there: the same seed and nprocs give the same episodes across hosts as on one host.
+    # The same job under mpiexec -n 4 on one host, and across the hosts stopped after iteration 4 on an episode budget
+    # and resumed there: the same seed and nprocs log the same values, to the last digit. (Against train.py --nprocs
+    # 4, which starts the ranks through mpi_fork, the update's statistics differ in about the 8th digit, on one host
+    # as well as across hosts; the rollouts agree.)
     common = ["CartPole-v1", "--total_steps", "16384", "--checkpoint_every", "4", "--seed", "3"]
-    one_host = run_bounded([sys.executable, TRAIN, *common, "--nprocs", "4", "--logdir", str(tmp_path / "one")], 240)
+    # mpi_fork passes the run directory to its ranks this way; under an outside mpiexec each rank would pick its own.
+    one_host = run_bounded([find_mpiexec(), "-n", "4", sys.executable, TRAIN, *common, "--logdir", str(tmp_path)],
+                           240, {"MPI_BATCH_RL_RUN_DIR": str(tmp_path / "one")})
     assert one_host.returncode == 0, one_host.stderr[-3000:]
-    (whole,) = (tmp_path / "one").iterdir()
-    rows = progress(whole)
+    rows = progress(tmp_path / "one")
     assert len(rows) == 8
     episodes_by_4 = int(rows[3]["total_episodes"])
 
-    run_dir = tmp_path / "across" / "run"
-    # mpi_fork passes the run directory to its ranks this way; under an outside mpiexec each rank would pick its own.
-    env = {"MPI_BATCH_RL_RUN_DIR": str(run_dir), "PYTHONPATH": os.pathsep.join([str(REPO), str(SCRIPTS.parent)])}
-    code, out, err = across(two_hosts, launcher, [TRAIN, *common, "--num_episodes", str(episodes_by_4),
-                                                  "--logdir", str(tmp_path / "across")], 240, env)
+    run_dir = tmp_path / "across"
+    part = [TRAIN, *common, "--num_episodes", str(episodes_by_4), "--logdir", str(tmp_path)]
+    code, out, err = across(two_hosts, launcher, part, 240, {"MPI_BATCH_RL_RUN_DIR": str(run_dir)})
     assert code == 0, err[-3000:]
     assert len(progress(run_dir)) == 4
     code, out, err = across(two_hosts, launcher, [TRAIN, "--resume", str(run_dir), "--num_episodes", "1000000"], 240)
     assert code == 0, err[-3000:]
     assert "from ckpt_00000004.pkl: iteration 4" in out, out[-3000:]
-    # Found so far: every rollout value (steps, episodes, returns) is the same to the last digit, while the update's
-    # statistics on rank 0 differ from iteration 1 on, in about the 8th digit (one host against itself: identical).
-    resumed = progress(run_dir)
-    assert [{k: row[k] for k in ROLLOUT_COLUMNS} for row in resumed] == [{k: row[k] for k in ROLLOUT_COLUMNS}
-                                                                          for row in rows]
-    for mine, theirs in zip(resumed, rows, strict=True):
-        for key in ("pi_loss", "v_loss", "entropy", "kl"):
-            assert float(mine[key]) == pytest.approx(float(theirs[key]), rel=1e-3), (key, mine, theirs)
+    assert progress(run_dir) == rows
     assert float(rows[-1]["ep_return_mean"]) > 60, rows[-1]  # random play: about 22
     assert no_process_left(two_hosts) == []
 
