@@ -55,36 +55,48 @@ CONF=$SCRATCH/slurm.conf
 MUNGE_PID="" CTLD_PID="" SLURMD_PID="" JOB_PID=""
 declare -a RESULTS=()
 
+# The processes this run started that are still there, but the script itself: slurmstepd and the ranks are
+# detached from slurmd, and all of them carry this run's SLURM_CONF in their environment.
+cluster_pids() {
+    local environ pid
+    for environ in /proc/[0-9]*/environ; do
+        pid=${environ#/proc/}; pid=${pid%/environ}
+        [ "$pid" = $$ ] && continue
+        if tr '\0' '\n' 2>/dev/null <"$environ" | grep -qxF "SLURM_CONF=$CONF"; then printf '%s ' "$pid"; fi
+    done
+}
+
 cleanup() {
-    local status=$?
+    local status=$? pid deadline left shm_files
     trap - EXIT INT TERM
     say "== cleaning up"
+    # MPICH's node segments that ranks of this run have mapped: a killed job leaves them in /dev/shm.
+    shm_files=$(for pid in $(cluster_pids); do
+        grep -o '/dev/shm/mpich_[A-Za-z0-9_]*' "/proc/$pid/maps" 2>/dev/null; done | sort -u)
     [ -n "$JOB_PID" ] && kill -TERM "$JOB_PID" 2>/dev/null     # a bounded srun still running (Ctrl-C, TERM)
     if [ -n "$CTLD_PID" ] && kill -0 "$CTLD_PID" 2>/dev/null; then
         timeout 20 scancel --full --quiet --user=root 2>/dev/null    # only this cluster's jobs (SLURM_CONF)
-        local deadline=$((SECONDS + 20))
+        deadline=$((SECONDS + 20))
         while [ "$SECONDS" -lt "$deadline" ] && [ -n "$(timeout 10 squeue -h -o %i 2>/dev/null)" ]; do sleep 1; done
     fi
     for pid in $SLURMD_PID $CTLD_PID $MUNGE_PID; do
         kill -TERM "$pid" 2>/dev/null
     done
-    local deadline=$((SECONDS + 20))
+    deadline=$((SECONDS + 20))
     for pid in $SLURMD_PID $CTLD_PID $MUNGE_PID; do
         while [ "$SECONDS" -lt "$deadline" ] && kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
         kill -0 "$pid" 2>/dev/null && { say "pid $pid did not stop on SIGTERM, killing it"; kill -KILL "$pid"; }
     done
-    # slurmstepd and the ranks are detached from slurmd; they carry this run's SLURM_CONF in their environment.
-    local left=""
-    for environ in /proc/[0-9]*/environ; do
-        local pid=${environ#/proc/}; pid=${pid%/environ}
-        [ "$pid" = $$ ] && continue
-        if tr '\0' '\n' 2>/dev/null <"$environ" | grep -qxF "SLURM_CONF=$CONF"; then left="$left $pid"; fi
-    done
+    left=$(cluster_pids)
     if [ -n "$left" ]; then
-        say "processes of this cluster still running:$left; ending them"
+        say "processes of this cluster still running: $left; ending them"
         kill -KILL $left 2>/dev/null
     else
         say "no process of this cluster left"
+    fi
+    if [ -n "$shm_files" ]; then
+        say "removing shared-memory segments its killed ranks left: $(echo $shm_files)"
+        rm -f $shm_files
     fi
     if [ "${KEEP_SCRATCH:-0}" = 1 ]; then say "scratch kept: $SCRATCH"; else rm -rf "$SCRATCH"; fi
     exit "$status"
@@ -102,8 +114,13 @@ print(*(s.getsockname()[1] for s in sockets))
 EOF
 )
 HOST=$(hostname -s)
+# Job ids unique to this run: MPICH names its node's shared-memory segment after the PMI job id ("JOB.STEP"), so a
+# fresh cluster numbering from 1 again would open the segment a killed job of an earlier run left in /dev/shm,
+# and every rank would spin in MPI_Init (seen here: srun -O -n 8 hung in MPI_Init_thread after an interrupted run).
+FIRST_JOB_ID=$(( $(date +%s) % 60000000 + 1000 ))
 cat >"$CONF" <<EOF
 ClusterName=slurmcheck
+FirstJobId=$FIRST_JOB_ID
 SlurmctldHost=$HOST
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
@@ -214,7 +231,9 @@ srun_train() {
         --logdir "$logdir"
     status=$?
     sed 's/^/   | /' "$out"
-    if [ "$status" != 0 ]; then
+    if [ "$status" = 124 ] || [ "$status" = 137 ]; then
+        record "$name" FAIL $((SECONDS - start)) "did not end within $STEP_LIMIT s"
+    elif [ "$status" != 0 ]; then
         record "$name" FAIL $((SECONDS - start)) "exit status $status"
     elif why=$(check_run "$logdir" "$nprocs" 2>&1); then
         record "$name" PASS $((SECONDS - start)) "$why"
