@@ -2,9 +2,11 @@
 
 FAULT_KIND (raise | kill | hang | nan), FAULT_RANK and FAULT_AT_STEP (this process's env steps) choose what goes
 wrong, on which rank, when. FAULT_KIND=file_limit caps the size of files the ranks may write at FAULT_FILE_BYTES
-once they are running (as a full disk would fail the writes; set before MPI starts it would fail MPI's own shared
-memory). FAULT_AFTER_FILE (a glob) makes the chosen rank wait, at most 60 s, until a file matching it exists before
-it fails: a checkpoint the test expects to survive is then complete, instead of racing the failure.
+from their step FAULT_AT_STEP on (as a full disk would fail the writes; a full disk leaves /dev/shm alone, so the cap
+comes once MPI's and mpi_util's shared memory exists: under Open MPI a window's ftruncate failing on one rank left the
+others waiting in the window's creation until killed). FAULT_AFTER_FILE (a glob) makes the chosen rank wait, at most
+60 s, until a file matching it exists before it fails: a checkpoint the test expects to survive is then complete,
+instead of racing the failure.
 FAULT_KIND=report_modules makes every rank write, at its first step, which of tensorflow, keras and torch it has
 imported and its resident memory to FAULT_REPORT_DIR/modules_RANK.json. Without FAULT_KIND it is a plain Pendulum-v1.
 """
@@ -20,20 +22,28 @@ from pathlib import Path
 
 import gymnasium
 
+# A rank's world rank as its launcher gives it: MPICH's hydra (and Slurm's PMI) set PMI_RANK, Open MPI sets
+# OMPI_COMM_WORLD_RANK; neither in the process that mpi_fork relaunches.
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
+
+
+def launched_rank() -> int | None:
+    return next((int(os.environ[name]) for name in RANK_VARIABLES if name in os.environ), None)
+
 
 class FaultyPendulum(gymnasium.Wrapper):
     def __init__(self) -> None:
         super().__init__(gymnasium.make("Pendulum-v1"))
         self.steps = 0
-        if os.environ.get("FAULT_KIND") == "file_limit" and "PMI_RANK" in os.environ:
-            limit = int(os.environ["FAULT_FILE_BYTES"])
-            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     def step(self, action):
         self.steps += 1
         obs, reward, terminated, truncated, info = self.env.step(action)
         kind = os.environ.get("FAULT_KIND")
-        rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+        rank = launched_rank() or 0
+        if kind == "file_limit" and self.steps == int(os.environ["FAULT_AT_STEP"]) and launched_rank() is not None:
+            limit = int(os.environ["FAULT_FILE_BYTES"])
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
         if kind == "report_modules" and self.steps == 1:
             heavy = sorted(name for name in ("tensorflow", "keras", "torch") if name in sys.modules)
             resident_kb = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
