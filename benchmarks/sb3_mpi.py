@@ -59,7 +59,7 @@ def run_one(kind: str, n: int, env_id: str, total_steps: int, seed: int, result_
     n_envs = n if kind == "subproc" else 1
     vec_env_cls = SubprocVecEnv if kind == "subproc" else None
     env = VecNormalize(make_vec_env(env_id, n_envs=n_envs, seed=seed, vec_env_cls=vec_env_cls))
-    n_steps = BATCH_STEPS // (n if kind in ("subproc", "mpi") else 1)
+    n_steps = BATCH_STEPS // n  # the update sees BATCH_STEPS rows over all envs and ranks (plain: n is 1)
     model = PPO("MlpPolicy", env, n_steps=n_steps, batch_size=64, n_epochs=10, learning_rate=3e-4, gamma=0.99,
                 gae_lambda=0.95, clip_range=0.2, seed=seed, device="cpu", verbose=0)
     if kind == "mpi":

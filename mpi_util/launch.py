@@ -12,9 +12,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from mpi4py import MPI
-
-from .process import COMM_WORLD, install_abort_on_exception, settle_local_rank
+from .process import COMM_WORLD, install_abort_on_exception, mpi_library_is_open_mpi, settle_local_rank
 
 # Set by mpiexec / mpirun / srun in every rank they start (MPICH Hydra, Open MPI, PMIx, Slurm's PMI).
 _LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID")
@@ -62,10 +60,6 @@ class ForkResult(str):
 def under_mpi_launcher() -> bool:
     """True when this process was started by mpiexec, mpirun or srun (or is already part of a larger job)."""
     return COMM_WORLD.Get_size() > 1 or any(name in os.environ for name in (*_LAUNCHER_VARIABLES, _FORKED_MARKER))
-
-
-def mpi_library_is_open_mpi() -> bool:
-    return "Open MPI" in MPI.Get_library_version()
 
 
 def _loaded_mpi_library_path() -> str | None:

@@ -27,6 +27,11 @@ def print0(*args: Any, comm: MPI.Comm | None = None, **kwargs: Any) -> None:
         print(*args, **kwargs)
 
 
+def mpi_library_is_open_mpi() -> bool:
+    """Whether the MPI library mpi4py loaded is Open MPI (else MPICH or another)."""
+    return "Open MPI" in MPI.Get_library_version()
+
+
 # Set by mpi_fork in every rank under Open MPI: the rank among COMM_WORLD's ranks on this host, in world-rank order.
 _world_node_rank: int | None = None
 
@@ -65,7 +70,7 @@ def settle_local_rank() -> None:
     ranks on a host (Open MPI), compute the one that does, once. Collective over COMM_WORLD under Open MPI."""
     global _world_node_rank
     if _world_node_rank is None and COMM_WORLD.Get_size() > 1 and "MPI_LOCALRANKID" not in os.environ \
-            and "Open MPI" in MPI.Get_library_version():
+            and mpi_library_is_open_mpi():
         _world_node_rank = _node_rank(COMM_WORLD)
 
 
