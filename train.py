@@ -14,6 +14,7 @@ import difflib
 import json
 import math
 import os
+import platform
 import re
 import signal
 import sys
@@ -25,7 +26,7 @@ import numpy as np
 
 import mpi_util
 
-_RUN_DIR_VARIABLE = "MPI_BATCH_RL_RUN_DIR"  # the parent picks the run directory; its ranks use the same one
+_RUN_DIR_VARIABLE = "MPI_BATCH_RL_RUN_DIR"  # the new run's directory for rank 0 (set by mpi_fork's parent)
 _TTY_VARIABLE = "MPI_BATCH_RL_TTY"  # ranks' stdout is a pipe to mpiexec; the parent says if the user has a terminal
 
 
@@ -230,8 +231,18 @@ def check_env_spaces(env_id: str) -> None:
 
 def load_saved_config(run_dir: Path) -> dict:
     """RUN_DIR/config.json as TrainConfig's keyword arguments, with the values older runs implied for fields
-    they lack."""
-    saved = json.loads((run_dir / "config.json").read_text())
+    they lack; ValueError with a one-line reason when it is not a run's configuration."""
+    path = run_dir / "config.json"
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"--resume {run_dir}: cannot read {path}: {error}") from None
+    missing = [name for name in ("env_id", "algo", "hidden") if not isinstance(saved, dict) or name not in saved]
+    if missing:
+        raise ValueError(f"--resume {run_dir}: {path} is not a train.py run's configuration (no "
+                         f"{', '.join(missing)}); pass the directory of a run that train.py started")
+    # config.json also records the job (CPUs, threads): only TrainConfig's fields define the run.
+    saved = {name: value for name, value in saved.items() if name in {f.name for f in fields(TrainConfig)}}
     saved["hidden"] = tuple(saved["hidden"])
     saved.setdefault("lr_schedule", "constant")  # runs from before the schedule existed had a constant lr
     saved.setdefault("envs_per_rank", 1)
@@ -288,6 +299,8 @@ def launch_settings(args: argparse.Namespace, nprocs: int) -> dict:
 
 def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
     """The run's config, its directory, and whether it resumes; ValueError with a one-line reason if bad."""
+    from algos.checkpoint import CheckpointError, load_latest_checkpoint
+
     given = explicit_settings(args)
     if args.resume:
         run_dir = Path(args.resume)
@@ -302,8 +315,14 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
             if name not in _RESUMABLE and value != saved[name]:
                 raise ValueError(f"--resume {run_dir}: --{name} is {saved[name]} in this run and cannot be changed "
                                  f"when resuming (drop --{name}, or start a new run)")
-        # The resumed run keeps its settings; what may change is the budget and how the job runs.
-        config = TrainConfig(**{**saved, "nprocs": 1, "gpu_pct": 0.0, "stall_timeout": "auto", **given})
+        try:  # the same read restore() does, so that a run with nothing to continue from is one line now
+            load_latest_checkpoint(run_dir / "checkpoints")
+        except CheckpointError as error:
+            raise ValueError(f"--resume {run_dir}: {error}; there is nothing to continue from: start a new run") \
+                from None
+        # The resumed run keeps its settings, its number of processes included (the same count continues exactly);
+        # what may change is the budget and how the job runs.
+        config = TrainConfig(**{**saved, **given})
     else:
         if not args.env_name:
             raise ValueError("name an environment, e.g. `python train.py Walker2d`, or pass --resume/--play RUN_DIR")
@@ -313,6 +332,32 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
             Path(args.logdir) / f"{config.env_id}_{config.algo}_s{config.seed}_{time.strftime('%Y%m%d-%H%M%S')}"))
     check_config(config)
     return config, run_dir, bool(args.resume)
+
+
+def probe_run_dir(run_dir: Path, logdir: str) -> None:
+    """Make RUN_DIR and write, then remove, a file at the longest path the run will write (its TensorBoard file), so
+    that a directory the run cannot use fails now, in one line, not after start-up; a RUN_DIR made here is removed
+    again on failure (a stub left behind would pass for a run)."""
+    import errno
+    import shutil
+
+    made = next((p for p in [run_dir, *run_dir.parents] if p.exists()), None)
+    longest = run_dir / "tb" / f"events.out.tfevents.{int(time.time())}.{platform.node()}.{'0' * 10}"
+    new_tb = not longest.parent.exists()
+    try:
+        longest.parent.mkdir(parents=True, exist_ok=True)
+        longest.write_text("ok")
+        longest.unlink()
+        if new_tb:
+            longest.parent.rmdir()
+    except OSError as error:
+        if made is not None and made != run_dir:  # remove what this call made, from the first new directory down
+            shutil.rmtree([p for p in [run_dir, *run_dir.parents] if p.parent == made][0], ignore_errors=True)
+        if error.errno == errno.ENAMETOOLONG:
+            raise ValueError(f"--logdir {logdir}: the run's files would have paths too long for this system "
+                             f"({len(str(longest.resolve()))} characters, such as {longest.name}); "
+                             "choose a shorter --logdir") from None
+        raise
 
 
 def lock_run_dir(run_dir: Path) -> object | None:
@@ -342,6 +387,13 @@ def unused_run_dir(path: Path) -> Path:
 
 
 def check_config(config: TrainConfig) -> None:
+    """ValueError with a one-line reason for a setting train.py cannot run with."""
+    for name in ("gpu_pct", "gamma", "lam", "kl_targ", "lr", "stall_timeout"):
+        value = getattr(config, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--{name} must be a finite number, got {value}")
+    if config.seed < 0:
+        raise ValueError(f"--seed must be a non-negative integer, got {config.seed}")
     for name in ("total_steps", "batch_size", "envs_per_rank", "epochs", "minibatch_size", "checkpoint_every"):
         if getattr(config, name) < 1:
             raise ValueError(f"--{name} must be at least 1, got {getattr(config, name)}")
@@ -377,8 +429,9 @@ def steps_of_rank(batch_size: int, nprocs: int, rank: int) -> int:
     return batch_size // nprocs + (1 if rank < batch_size % nprocs else 0)
 
 
-# What train.py needs beyond mpi_util (the rl extra); --play needs only the first two.
+# What train.py needs beyond mpi_util (the rl extra); --play and the workers, which roll out, need only the first two.
 _RL_MODULES = ("gymnasium", "mujoco", "tensorflow", "tensorboard", "matplotlib", "tqdm")
+_WORKER_MODULES = _RL_MODULES[:2]
 
 
 def missing_modules(names: tuple[str, ...]) -> list[str]:
@@ -389,11 +442,11 @@ def missing_modules(names: tuple[str, ...]) -> list[str]:
 
 def main() -> int:
     args = parse_args()
+    if mpi_util.under_mpi_launcher():
+        return main_in_rank(args)
     missing = missing_modules(_RL_MODULES[:2] if args.play else _RL_MODULES)
     if missing:
-        print(f"train.py: error: {', '.join(missing)} not installed; train.py needs the rl extra: "
-              "pip install -e '.[rl]' in this checkout (mpi_util alone needs only mpi4py, mpich and numpy)",
-              file=sys.stderr)
+        print(f"train.py: error: {missing_modules_message(missing)}", file=sys.stderr)
         return 2
     if args.play:
         from algos.play import play
@@ -402,37 +455,71 @@ def main() -> int:
     try:
         config, run_dir, resuming = build_config(args)
         launch = launch_settings(args, config.nprocs)
-        if mpi_util.rank == 0 and not mpi_util.under_mpi_launcher():
-            run_dir.mkdir(parents=True, exist_ok=True)
-            probe = run_dir / ".write_test"
-            probe.write_text("ok")
-            probe.unlink()
-            lock = lock_run_dir(run_dir)
-            if lock is None:
-                raise ValueError(f"{run_dir} is in use by another training job; wait for it to end")
-            lock.close()  # rank 0 takes it again for the whole run
+        probe_run_dir(run_dir, args.logdir)
+        lock = lock_run_dir(run_dir)
+        if lock is None:
+            raise ValueError(f"{run_dir} is in use by another training job; wait for it to end")
+        lock.close()  # rank 0 takes it again for the whole run
     except (ValueError, OSError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
 
-    run_dir_from_parent = _RUN_DIR_VARIABLE in os.environ  # mpi_fork's parent named it for every rank
     os.environ[_RUN_DIR_VARIABLE] = str(run_dir)
-    # Under Open MPI's mpiexec a rank's stdout is a pseudo-terminal even when the user's output goes to a file.
-    os.environ.setdefault(_TTY_VARIABLE, "1" if mpi_util.stdout_is_terminal() else "0")
-    # mpi_fork leaves rank 0 this environment's thread settings (the workers get one thread). Rank 0's learner here
-    # is TensorFlow, whose thread pools train() sizes itself; BLAS and OpenMP stay at one thread unless set, as in
-    # the measured results (more threads change the update's rounding, so the results would move by the cores).
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ.setdefault(name, "1")
+    os.environ[_TTY_VARIABLE] = "1" if mpi_util.stdout_is_terminal() else "0"
+    set_thread_defaults()
     fork = mpi_util.mpi_fork(config.nprocs, config.gpu_pct, **launch)
     if fork == "parent":
         return fork.returncode
-    if mpi_util.nworkers != config.nprocs:  # started by an outside mpiexec: its size wins
-        config.nprocs = mpi_util.nworkers
-        check_config(config)
-    if mpi_util.nworkers > 1 and not resuming and not run_dir_from_parent:
-        run_dir = Path(mpi_util.bcast_object(str(run_dir)))  # an outside mpiexec: each rank named one; rank 0's wins
+    return train(config, run_dir, resuming)  # one process: this is the only rank
+
+
+def main_in_rank(args: argparse.Namespace) -> int:
+    """A rank started by mpiexec, mpirun or srun (mpi_fork's, or the user's): rank 0 alone reads and checks the
+    configuration and the run directory, and hands them to the others, so that hosts that share no filesystem with
+    rank 0 need nothing from it; a problem seen on any rank ends the whole job at once, naming the rank and host."""
+    mpi_util.mpi_fork(mpi_util.nworkers)  # no relaunch: an uncaught exception on any rank now aborts the job
+    rank = mpi_util.rank
+    missing = missing_modules(_RL_MODULES if rank == 0 and not args.play else _WORKER_MODULES)
+    if missing:
+        where = f" on rank {rank} (host {platform.node()})" if mpi_util.nworkers > 1 else ""
+        mpi_util.abort(f"train.py: error{where}: {missing_modules_message(missing)}", code=2)
+    if args.play:
+        if rank == 0:
+            from algos.play import play
+
+            return play(Path(args.play), args.episodes, args.video)
+        return 0
+    setup: tuple | str | None = None
+    if rank == 0:
+        try:
+            config, run_dir, resuming = build_config(args)
+            if config.nprocs != mpi_util.nworkers:  # the launcher's count wins
+                config.nprocs = mpi_util.nworkers
+                check_config(config)
+            setup = (config, run_dir, resuming)
+        except (ValueError, OSError) as error:
+            setup = f"train.py: error: {error}"
+            print(setup, file=sys.stderr, flush=True)
+    setup = mpi_util.bcast_object(setup)
+    if isinstance(setup, str):
+        return 2
+    config, run_dir, resuming = setup
+    os.environ.setdefault(_TTY_VARIABLE, "1" if mpi_util.stdout_is_terminal() else "0")
+    set_thread_defaults()
     return train(config, run_dir, resuming)
+
+
+def missing_modules_message(missing: list[str]) -> str:
+    return (f"{', '.join(missing)} not installed; train.py needs the rl extra: pip install -e '.[rl]' in this "
+            "checkout (mpi_util alone needs only mpi4py, mpich and numpy)")
+
+
+def set_thread_defaults() -> None:
+    """BLAS and OpenMP at one thread unless set, before any library reads them. mpi_fork gives the workers one thread
+    each and leaves rank 0 this environment's; rank 0's learner is TensorFlow, whose pools Learner sizes itself, and
+    more BLAS threads would change the update's rounding, so the results would move with the cores."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
 
 
 def _counter(index: int, doc: str) -> property:
@@ -471,16 +558,24 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.announced = False
         signal.signal(signal.SIGINT, self._request)
         signal.signal(signal.SIGTERM, self._request)
 
     def _request(self, signum: int, _frame: object) -> None:
+        # No I/O here: the signal may land while this rank writes to the same stream (its line, the progress bar),
+        # and a write from the handler then fails with a reentrant-call RuntimeError. announce() prints it.
         if self.signum is not None:
             raise KeyboardInterrupt  # a second signal: stop now, without a checkpoint
         self.signum = signum
         mpi_util.stall_deadline(STOP_GRACE_S, f"{STOP_GRACE_S:g} s after the stop request (signal {signum})")
-        mpi_util.print0(f"received signal {signum}: stopping after this iteration with a checkpoint "
-                        "(send it again to stop at once)")
+
+    def announce(self) -> None:
+        """Say once, from the loop, that a stop was requested."""
+        if self.signum is not None and not self.announced:
+            self.announced = True
+            mpi_util.print0(f"received signal {self.signum}: stopping after this iteration with a checkpoint "
+                            "(send it again to stop at once)")
 
     @staticmethod
     def ignore_from_now_on() -> None:
@@ -491,7 +586,7 @@ class StopRequest:
 
 
 def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
-    """The loop of ../shared/DESIGN.md, run by every rank: roll out, gather to rank 0, rank 0 updates, broadcast.
+    """The loop every rank runs: roll out, gather to rank 0, rank 0 updates, broadcast.
 
     Only rank 0 imports TensorFlow: it holds the actor-critic and the PPO / TRPO update. The other ranks act with
     numpy copies of rank 0's weights and normalizers, received into arrays of the same shapes.
@@ -509,6 +604,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     discrete = isinstance(action_space, gymnasium.spaces.Discrete)
     act_dim = int(action_space.n) if discrete else int(action_space.shape[0])
     counters = Counters()
+    job = job_resources()
     learner = Learner(config, run_dir, obs_dim, action_space, resuming) if rank == 0 else None
     # What rank 0 broadcasts each iteration: the actor-critic's variables and normalizers (rank 0's own, read from
     # TensorFlow; everyone else's, numpy arrays of the same shapes), then the counters.
@@ -520,10 +616,15 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     if resuming:
         worker, action_rng, elapsed_before = restore(config, run_dir, learner, counters, worker, action_rng)
     if learner:
-        learner.open_logs(resuming, counters.iteration)
+        learner.open_logs(resuming, counters.iteration, job)
         counters.stop = counters.budget_spent(config)
         mpi_util.print0(f"{config.algo.upper()} on {config.env_id}: {nprocs} processes, batch {config.batch_size} "
                         f"steps, budget {config.total_steps} steps; run directory {run_dir}")
+        if config.total_steps % config.batch_size:
+            mpi_util.print0(f"train.py: note: the budget is spent in whole batches: --total_steps "
+                            f"{config.total_steps} runs {-(-config.total_steps // config.batch_size)} iteration(s) "
+                            f"of --batch_size {config.batch_size}, "
+                            f"{-(-config.total_steps // config.batch_size) * config.batch_size} steps")
     mpi_util.rank0_bcast_wts(learner_state)  # every rank starts from rank 0's weights and counters
 
     my_steps = steps_of_rank(config.batch_size, nprocs, rank)
@@ -546,6 +647,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
             t2 = time.monotonic()
             if budget is not None and rank == 0:
                 budget.refill()  # every rank has stopped drawing (it is past the gather); none starts before the bcast
+            stop.announce()
             stats = learner.update(batch, episodes, counters, stop_requested=stop.signum is not None) if learner else {}
             t3 = time.monotonic()
             mpi_util.rank0_bcast_wts(learner_state)
@@ -578,6 +680,26 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     return 0
 
 
+def job_resources() -> dict:
+    """What the job was given, for config.json: each host's CPUs (the union of its ranks' affinity, capped by the
+    largest cgroup CPU quota among them) and their sum, and the BLAS / OpenMP threads of each kind of rank.
+    Collective: every rank calls it; the result is complete on rank 0 only."""
+    from mpi_util.cpus import cgroup_cpu_quota
+
+    mine = (platform.node(), sorted(os.sched_getaffinity(0)), cgroup_cpu_quota(), os.environ.get("OMP_NUM_THREADS"))
+    ranks = mpi_util.gather_objects(mine) if mpi_util.nworkers > 1 else [mine]
+    if mpi_util.rank != 0:
+        return {}
+    cpus_per_host: dict[str, int] = {}
+    for host in dict.fromkeys(r[0] for r in ranks):
+        on_host = [r for r in ranks if r[0] == host]
+        allowed = len(set().union(*(set(r[1]) for r in on_host)))
+        quotas = [r[2] for r in on_host if r[2] is not None]
+        cpus_per_host[host] = max(1, min(allowed, math.ceil(max(quotas)))) if quotas else allowed
+    return {"job_cpus": sum(cpus_per_host.values()), "job_cpus_per_host": cpus_per_host,
+            "rank0_omp_threads": ranks[0][3], "worker_omp_threads": ranks[1][3] if len(ranks) > 1 else None}
+
+
 def make_rollout_worker(config: TrainConfig, rank: int, seed_path: tuple[int, ...]) -> tuple:
     """This rank's RolloutWorker (its envs, seeded from the base seed) and its action RNG. seed_path () gives the
     run's first worker; (2, iteration) a fresh one for a resume with another --nprocs."""
@@ -604,9 +726,12 @@ class Learner:
 
         from algos import PPO, TRPO, ActorCritic, PPOConfig, TRPOConfig
 
-        # Rank 0 alone runs the update: it gets every core while the workers wait (without spinning).
-        tf.config.threading.set_intra_op_parallelism_threads(os.cpu_count() or 1)
-        tf.config.threading.set_inter_op_parallelism_threads(2)
+        # Rank 0 alone runs the update: it gets every CPU it was given (affinity, cgroup quota: the job's share of
+        # the node, not the node) while the workers wait without spinning.
+        self.cpus = mpi_util.cpus_available()
+        self.threads = {"tf_intra_op_threads": self.cpus, "tf_inter_op_threads": min(2, self.cpus)}
+        tf.config.threading.set_intra_op_parallelism_threads(self.threads["tf_intra_op_threads"])
+        tf.config.threading.set_inter_op_parallelism_threads(self.threads["tf_inter_op_threads"])
         tf.config.experimental.enable_op_determinism()  # same seed and nprocs, same results
         mpi_util.set_global_seeds(config.seed)  # now that TensorFlow is imported, seed it too (as rank 0)
         self.config, self.run_dir = config, run_dir
@@ -621,8 +746,9 @@ class Learner:
         self.logger = None
         self._lock: object | None = None  # the run directory's lock, held while this process lives
 
-    def open_logs(self, resuming: bool, iteration: int) -> None:
-        """Lock the run directory (for as long as this process lives), write config.json, open the logs."""
+    def open_logs(self, resuming: bool, iteration: int, job: dict) -> None:
+        """Lock the run directory (for as long as this process lives), write config.json (the run's settings and
+        ``job``, what the job was given: see job_resources), open the logs."""
         from algos.logger import RunLogger
 
         try:
@@ -630,7 +756,8 @@ class Learner:
             self._lock = lock_run_dir(self.run_dir)
             if self._lock is None:
                 mpi_util.abort(f"train.py: error: {self.run_dir} is in use by another training job; wait for it to end")
-            (self.run_dir / "config.json").write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+            record = {**asdict(self.config), **job, "rank0_cpus": self.cpus, **self.threads}
+            (self.run_dir / "config.json").write_text(json.dumps(record, indent=2) + "\n")
             self.logger = RunLogger(self.run_dir, self.config.total_steps,
                                     progress_bar=os.environ.get(_TTY_VARIABLE) == "1", resume=resuming)
             if resuming:
@@ -648,6 +775,12 @@ class Learner:
             # about lr / iterations (a resume with a smaller budget floors it at 0).
             self.algo.set_learning_rate(config.lr * max(0.0, 1.0 - counters.total_steps / config.total_steps))
         stats = self.algo.update(batch["obs"], batch["act"], batch["adv"], batch["ret"])
+        if not all(np.isfinite(as_numpy(v)).all() for v in self.ac.broadcast_state()):
+            # Stopped before the broadcast and the next checkpoint, so the last good checkpoint stays the newest.
+            mpi_util.abort(f"train.py: error: the update of iteration {counters.iteration + 1} made the weights "
+                           f"non-finite (inf or NaN); the job stops. {self._kept_checkpoint_note()}. Rewards too "
+                           "large to fit, or a learning rate too high for this problem: check the environment's "
+                           "rewards, or start a new run with a smaller --lr")
         counters.iteration += 1
         counters.total_steps += config.batch_size
         counters.total_episodes += len(episodes["ep_return"])
@@ -674,7 +807,16 @@ class Learner:
         try:
             self.logger.log(row)
         except OSError as error:
-            mpi_util.abort(f"train.py: error: cannot write the logs in {self.run_dir}: {error}")
+            mpi_util.abort(f"train.py: error: cannot write the logs in {self.run_dir}: {error}. "
+                           f"{self._kept_checkpoint_note()}: make the directory writable (or free space), then "
+                           f"continue with python train.py --resume {self.run_dir}")
+
+    def _kept_checkpoint_note(self) -> str:
+        from algos.checkpoint import list_checkpoints
+
+        kept = list_checkpoints(self.run_dir / "checkpoints")
+        return (f"The last good checkpoint, {kept[-1]}, is kept" if kept
+                else "No checkpoint was written yet (the run must start again)")
 
     def close(self) -> None:
         from algos.plot import plot_runs

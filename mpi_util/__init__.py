@@ -15,11 +15,13 @@ The recipe, run by every rank::
 
 Modules: process (ranks, printing, abort), collective (ranks meet, then data moves), host (the one-host transport:
 doorbell, shared-memory exchange, broadcast window and gather segments), stall (stall limits and who to blame),
-gather, bcast, reduce, budget, gpu, launch, seeding; shm and wakeup are the shared-memory and futex primitives.
+gather, bcast, reduce, budget, gpu, launch, seeding, cpus (the CPUs this process was given); shm and wakeup are the
+shared-memory and futex primitives.
 """
 
 from .bcast import WeightMismatchError, bcast_object, rank0_bcast_wts, ranks_out_of_sync
 from .budget import SharedBudget
+from .cpus import cpus_available
 from .gather import BatchMismatchError, gather_objects, rank0_accum_batches
 from .gpu import check_gpu_pct, setup_gpu, tf_config
 from .launch import ForkResult, MpiexecNotFoundError, find_mpiexec, mpi_fork, under_mpi_launcher
@@ -40,6 +42,7 @@ __all__ = [
     "all_sum",
     "bcast_object",
     "check_gpu_pct",
+    "cpus_available",
     "find_mpiexec",
     "gather_objects",
     "install_abort_on_exception",

@@ -167,7 +167,8 @@ def install_abort_on_exception() -> None:
         # The exception on the first line and the traceback in the same single write, so that what reaches the
         # user names the error even if mpiexec forwards only part of it.
         summary = "".join(traceback.format_exception_only(exc_type, exc)).strip()
-        abort(f"mpi_util: uncaught exception on rank {COMM_WORLD.Get_rank()}, aborting all ranks: {summary}\n"
+        abort(f"mpi_util: uncaught exception on rank {COMM_WORLD.Get_rank()} (on {MPI.Get_processor_name()}), "
+              f"aborting all ranks: {summary}\n"
               + "".join(traceback.format_exception(exc_type, exc, tb)))
 
     sys.excepthook = abort_hook

@@ -1,7 +1,8 @@
 """A Pendulum that fails on purpose, for the reliability tests: ``train.py tests.faulty_env:FaultyPendulum-v0``.
 
 FAULT_KIND (raise | kill | hang | nan), FAULT_RANK and FAULT_AT_STEP (this process's env steps) choose what goes
-wrong, on which rank, when. FAULT_KIND=file_limit caps the size of files the ranks may write at FAULT_FILE_BYTES
+wrong, on which rank, when; FAULT_KIND=huge gives rewards of 1e300 on every rank from step FAULT_AT_STEP on.
+FAULT_KIND=file_limit caps the size of files the ranks may write at FAULT_FILE_BYTES
 from their step FAULT_AT_STEP on (as a full disk would fail the writes; a full disk leaves /dev/shm alone, so the cap
 comes once MPI's and mpi_util's shared memory exists: under Open MPI a window's ftruncate failing on one rank left the
 others waiting in the window's creation until killed). FAULT_AFTER_FILE (a glob) makes the chosen rank wait, at most
@@ -50,6 +51,8 @@ class FaultyPendulum(gymnasium.Wrapper):
                                if line.startswith("VmRSS:"))
             report = Path(os.environ["FAULT_REPORT_DIR"]) / f"modules_{rank}.json"
             report.write_text(json.dumps({"modules": heavy, "resident_mb": resident_kb / 1024}))
+        if kind == "huge" and self.steps >= int(os.environ["FAULT_AT_STEP"]):
+            reward = 1e300  # finite, but no float32 network can fit it
         chosen = kind in ("raise", "kill", "hang", "nan") and rank == int(os.environ["FAULT_RANK"])
         if chosen and self.steps == int(os.environ["FAULT_AT_STEP"]):
             after = os.environ.get("FAULT_AFTER_FILE")

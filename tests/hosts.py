@@ -1,4 +1,4 @@
-"""Two "hosts" on this machine, made from network namespaces, for MPI jobs that span hosts (../shared/MULTIHOST.md).
+"""Two "hosts" on this machine, made from network namespaces, for MPI jobs that span hosts.
 
 Each host is a network namespace with its own address on a veth pair between the two; every process the launcher
 starts there also gets its own hostname (UTS namespace), IPC namespace and a private tmpfs on /dev/shm, so MPI sees
@@ -33,7 +33,7 @@ case "$host" in
   *) echo "launcher: unknown host $host" >&2; exit 255 ;;
 esac
 exec ip netns exec "$ns" unshare --uts --ipc --mount --propagation private \\
-  sh -c 'hostname "$0" && mount -t tmpfs -o size=256m tmpfs /dev/shm && exec sh -c "$*"' "$host" "$@"
+  sh -c 'hostname "$0" && mount -t tmpfs -o size=256m tmpfs /dev/shm && {private}exec sh -c "$*"' "$host" "$@"
 """
 
 
@@ -64,7 +64,11 @@ class Launcher:
 
 @dataclass
 class TwoHosts:
-    """Two network namespaces joined by a veth pair; ``close()`` removes them. Use as a context manager."""
+    """Two network namespaces joined by a veth pair; ``close()`` removes them. Use as a context manager.
+
+    private_dir: a directory that only the first host sees as it is; every process started on the other host gets an
+    empty tmpfs of its own over it (storage only that host sees, as on a cluster whose nodes share no filesystem).
+    """
 
     tag: str = field(default_factory=lambda: f"{os.getpid() % 100000:05d}")
     namespaces: tuple[str, str] = ("", "")
@@ -72,6 +76,7 @@ class TwoHosts:
     addresses: tuple[str, str] = ("", "")
     directory: Path = Path()
     launcher: Path = Path()
+    private_dir: Path | None = None
 
     @staticmethod
     def why_unavailable() -> str | None:
@@ -106,7 +111,9 @@ class TwoHosts:
             self._wait_until_link_up()
             cases = "\n".join(f"  {name}) ns={ns} ;;" for name, ns in zip(HOST_NAMES, self.namespaces, strict=True))
             self.launcher = self.directory / "launcher.sh"
-            self.launcher.write_text(_LAUNCHER.format(this=self.launcher.name, cases=cases))
+            private = "" if self.private_dir is None else (
+                f'{{ [ "$0" = {HOST_NAMES[0]} ] || mount -t tmpfs -o size=64m tmpfs {self.private_dir}; }} && ')
+            self.launcher.write_text(_LAUNCHER.format(this=self.launcher.name, cases=cases, private=private))
             self.launcher.chmod(0o755)
         except BaseException:
             self.close()

@@ -141,6 +141,59 @@ def test_train_across_hosts_learns_resumes_and_logs_what_one_host_logs(two_hosts
     assert no_process_left(two_hosts) == []
 
 
+@pytest.fixture
+def hosts_sharing_nothing(tmp_path) -> Iterator[TwoHosts]:
+    """Two hosts whose tmp_path/logs only the first sees: every process on hostB has an empty one of its own."""
+    why = TwoHosts.why_unavailable()
+    if why:
+        pytest.skip(f"two hosts from network namespaces: {why}")
+    (tmp_path / "logs").mkdir()
+    try:
+        hosts = TwoHosts(private_dir=tmp_path / "logs").open()
+    except (RuntimeError, OSError) as error:
+        pytest.skip(f"two hosts from network namespaces: {error}")
+    try:
+        yield hosts
+    finally:
+        hosts.close()
+
+
+def test_train_and_resume_across_hosts_that_share_no_filesystem(hosts_sharing_nothing, launcher, tmp_path):
+    # Rank 0 (hostA) alone reads and writes the run directory; hostB's ranks never see it, on --resume either.
+    hosts, logs = hosts_sharing_nothing, tmp_path / "logs"
+    run_dir = logs / "run"
+    common = ["CartPole-v1", "--batch_size", "1024", "--checkpoint_every", "1", "--logdir", str(logs)]
+    code, _, err = across(hosts, launcher, [TRAIN, *common, "--total_steps", "2048"], 120,
+                          {"MPI_BATCH_RL_RUN_DIR": str(run_dir)})
+    assert code == 0, err[-3000:]
+    started = time.monotonic()
+    code, out, err = across(hosts, launcher, [TRAIN, "--resume", str(run_dir), "--total_steps", "4096"], 120)
+    assert code == 0, err[-3000:]
+    assert "from ckpt_00000002.pkl: iteration 2, step 2048" in out and "fresh episodes" not in out, out[-3000:]
+    assert [int(r["total_steps"]) for r in progress(run_dir)] == [1024, 2048, 3072, 4096]
+    assert time.monotonic() - started < 90
+    assert no_process_left(hosts) == []
+
+
+def test_a_set_up_error_only_the_far_host_sees_ends_the_job_in_seconds_naming_it(hosts_sharing_nothing, launcher,
+                                                                                 tmp_path):
+    # The environment's module lies in the log directory, which hostB's ranks do not have: as code deployed to some
+    # nodes and not others.
+    hosts, logs = hosts_sharing_nothing, tmp_path / "logs"
+    (logs / "only_on_host_a.py").write_text(
+        "import gymnasium\n"
+        "gymnasium.register('NearCartPole-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv',\n"
+        "                   max_episode_steps=500)\n")
+    started = time.monotonic()
+    code, _, err = across(hosts, launcher, [TRAIN, "only_on_host_a:NearCartPole-v0", "--total_steps", "4096",
+                                            "--logdir", str(logs)], 90, {"PYTHONPATH": f"{REPO}:{logs}"})
+    assert code != 0
+    assert time.monotonic() - started < 30
+    assert re.search(r"uncaught exception on rank [23] \(on hostB\)", err), err[-3000:]
+    assert "No module named 'only_on_host_a'" in err, err[-3000:]
+    assert no_process_left(hosts) == []
+
+
 # Without namespaces: MPICH told that the ranks sit on two nodes (odd and even ranks), which the ordinary suite runs
 # anywhere. The data still moves through shared memory, but mpi_util must take its "several hosts" paths: no one-host
 # transport, an arrival board per node, meets through rank 0.
