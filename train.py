@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import mpi_util
+from algos.run_dir import RunDirInUseError, RunDirLock, create_run_dir, lock_run_dir, run_dir_name
 
 _RUN_DIR_VARIABLE = "MPI_BATCH_RL_RUN_DIR"  # the parent picks the run directory; its ranks use the same one
 _TTY_VARIABLE = "MPI_BATCH_RL_TTY"  # ranks' stdout is a pipe to mpiexec; the parent says if the user has a terminal
@@ -309,36 +310,11 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
             raise ValueError("name an environment, e.g. `python train.py Walker2d`, or pass --resume/--play RUN_DIR")
         config = TrainConfig(env_id=resolve_env_id(args.env_name), **given)
         config.lr = config.lr if config.lr is not None else _DEFAULT_LR[config.algo]
-        run_dir = Path(os.environ.get(_RUN_DIR_VARIABLE) or unused_run_dir(
-            Path(args.logdir) / f"{config.env_id}_{config.algo}_s{config.seed}_{time.strftime('%Y%m%d-%H%M%S')}"))
+        # Only a name: rank 0 creates it (create_run_dir), which is what makes it unique.
+        run_dir = Path(os.environ.get(_RUN_DIR_VARIABLE)
+                       or Path(args.logdir) / run_dir_name(config.env_id, config.algo, config.seed))
     check_config(config)
     return config, run_dir, bool(args.resume)
-
-
-def lock_run_dir(run_dir: Path) -> object | None:
-    """An exclusive lock on RUN_DIR/.lock (the open file holding it), or None when another job holds it.
-
-    Two jobs writing one run directory (a --resume started while the old job still finishes) would interleave
-    checkpoints and logs.
-    """
-    import fcntl
-
-    handle = open(run_dir / ".lock", "a")  # noqa: SIM115  (kept open: closing it releases the lock)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        return None
-    return handle
-
-
-def unused_run_dir(path: Path) -> Path:
-    """``path``, or path-2, path-3, ... when runs started within the same second."""
-    candidate, n = path, 1
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.name}-{n}")
-    return candidate
 
 
 def check_config(config: TrainConfig) -> None:
@@ -403,14 +379,14 @@ def main() -> int:
         config, run_dir, resuming = build_config(args)
         launch = launch_settings(args, config.nprocs)
         if mpi_util.rank == 0 and not mpi_util.under_mpi_launcher():
-            run_dir.mkdir(parents=True, exist_ok=True)
+            if resuming or _RUN_DIR_VARIABLE in os.environ:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            else:
+                run_dir = create_run_dir(run_dir)
             probe = run_dir / ".write_test"
             probe.write_text("ok")
             probe.unlink()
-            lock = lock_run_dir(run_dir)
-            if lock is None:
-                raise ValueError(f"{run_dir} is in use by another training job; wait for it to end")
-            lock.close()  # rank 0 takes it again for the whole run
+            lock_run_dir(run_dir).release()  # rank 0 takes it again for the whole run
     except (ValueError, OSError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
@@ -430,8 +406,15 @@ def main() -> int:
     if mpi_util.nworkers != config.nprocs:  # started by an outside mpiexec: its size wins
         config.nprocs = mpi_util.nworkers
         check_config(config)
-    if mpi_util.nworkers > 1 and not resuming and not run_dir_from_parent:
-        run_dir = Path(mpi_util.bcast_object(str(run_dir)))  # an outside mpiexec: each rank named one; rank 0's wins
+    if mpi_util.under_mpi_launcher() and not resuming and not run_dir_from_parent:
+        # An outside mpiexec or srun: each rank named one; rank 0 creates its own and names it for every rank.
+        if mpi_util.rank == 0:
+            try:
+                run_dir = create_run_dir(run_dir)
+            except OSError as error:
+                mpi_util.abort(f"train.py: error: cannot create the run directory {run_dir}: {error}", 2)
+        if mpi_util.nworkers > 1:
+            run_dir = Path(mpi_util.bcast_object(str(run_dir)))
     return train(config, run_dir, resuming)
 
 
@@ -619,7 +602,7 @@ class Learner:
             self.algo = TRPO(self.ac, TRPOConfig(max_kl=config.kl_targ or 0.01, vf_lr=config.lr,
                                                  vf_minibatch_size=config.minibatch_size), seed=config.seed)
         self.logger = None
-        self._lock: object | None = None  # the run directory's lock, held while this process lives
+        self._lock: RunDirLock | None = None  # the run directory's lock, held while this process lives
 
     def open_logs(self, resuming: bool, iteration: int) -> None:
         """Lock the run directory (for as long as this process lives), write config.json, open the logs."""
@@ -627,9 +610,10 @@ class Learner:
 
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._lock = lock_run_dir(self.run_dir)
-            if self._lock is None:
-                mpi_util.abort(f"train.py: error: {self.run_dir} is in use by another training job; wait for it to end")
+            try:
+                self._lock = lock_run_dir(self.run_dir)
+            except RunDirInUseError as error:
+                mpi_util.abort(f"train.py: error: {error}")
             (self.run_dir / "config.json").write_text(json.dumps(asdict(self.config), indent=2) + "\n")
             self.logger = RunLogger(self.run_dir, self.config.total_steps,
                                     progress_bar=os.environ.get(_TTY_VARIABLE) == "1", resume=resuming)
