@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 import mpi_util
+from algos.run_dir import RunDirInUseError, RunDirLock, create_run_dir, lock_run_dir, run_dir_name
 
 _RUN_DIR_VARIABLE = "MPI_BATCH_RL_RUN_DIR"  # the new run's directory for rank 0 (set by mpi_fork's parent)
 _TTY_VARIABLE = "MPI_BATCH_RL_TTY"  # ranks' stdout is a pipe to mpiexec; the parent says if the user has a terminal
@@ -328,62 +329,42 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
             raise ValueError("name an environment, e.g. `python train.py Walker2d`, or pass --resume/--play RUN_DIR")
         config = TrainConfig(env_id=resolve_env_id(args.env_name), **given)
         config.lr = config.lr if config.lr is not None else _DEFAULT_LR[config.algo]
-        run_dir = Path(os.environ.get(_RUN_DIR_VARIABLE) or unused_run_dir(
-            Path(args.logdir) / f"{config.env_id}_{config.algo}_s{config.seed}_{time.strftime('%Y%m%d-%H%M%S')}"))
+        # Only a name: rank 0 creates it (create_run_dir), which is what makes it unique.
+        run_dir = Path(os.environ.get(_RUN_DIR_VARIABLE)
+                       or Path(args.logdir) / run_dir_name(config.env_id, config.algo, config.seed))
     check_config(config)
     return config, run_dir, bool(args.resume)
 
 
-def probe_run_dir(run_dir: Path, logdir: str) -> None:
-    """Make RUN_DIR and write, then remove, a file at the longest path the run will write (its TensorBoard file), so
-    that a directory the run cannot use fails now, in one line, not after start-up; a RUN_DIR made here is removed
-    again on failure (a stub left behind would pass for a run)."""
+def prepare_run_dir(run_dir: Path, logdir: str, new: bool) -> Path:
+    """Create RUN_DIR (``new``: as a new run's directory, which create_run_dir makes unique) and write, then remove, a
+    file at the longest path the run will write (its TensorBoard file), so that a directory the run cannot use fails
+    now, in one line, not after start-up. What this call made is removed again on failure: a stub left behind would
+    pass for a run. Returns the directory created."""
     import errno
     import shutil
 
-    made = next((p for p in [run_dir, *run_dir.parents] if p.exists()), None)
+    existing = next((p for p in [run_dir, *run_dir.parents] if p.exists()), None)
     longest = run_dir / "tb" / f"events.out.tfevents.{int(time.time())}.{platform.node()}.{'0' * 10}"
-    new_tb = not longest.parent.exists()
     try:
+        if new:
+            run_dir = create_run_dir(run_dir)
+            longest = run_dir / "tb" / longest.name
+        new_tb = not longest.parent.exists()
         longest.parent.mkdir(parents=True, exist_ok=True)
         longest.write_text("ok")
         longest.unlink()
         if new_tb:
             longest.parent.rmdir()
     except OSError as error:
-        if made is not None and made != run_dir:  # remove what this call made, from the first new directory down
-            shutil.rmtree([p for p in [run_dir, *run_dir.parents] if p.parent == made][0], ignore_errors=True)
+        if existing is not None and existing != run_dir:  # from the first directory this call made, down
+            shutil.rmtree(next(p for p in [run_dir, *run_dir.parents] if p.parent == existing), ignore_errors=True)
         if error.errno == errno.ENAMETOOLONG:
             raise ValueError(f"--logdir {logdir}: the run's files would have paths too long for this system "
                              f"({len(str(longest.resolve()))} characters, such as {longest.name}); "
                              "choose a shorter --logdir") from None
         raise
-
-
-def lock_run_dir(run_dir: Path) -> object | None:
-    """An exclusive lock on RUN_DIR/.lock (the open file holding it), or None when another job holds it.
-
-    Two jobs writing one run directory (a --resume started while the old job still finishes) would interleave
-    checkpoints and logs.
-    """
-    import fcntl
-
-    handle = open(run_dir / ".lock", "a")  # noqa: SIM115  (kept open: closing it releases the lock)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        return None
-    return handle
-
-
-def unused_run_dir(path: Path) -> Path:
-    """``path``, or path-2, path-3, ... when runs started within the same second."""
-    candidate, n = path, 1
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.name}-{n}")
-    return candidate
+    return run_dir
 
 
 def check_config(config: TrainConfig) -> None:
@@ -455,11 +436,8 @@ def main() -> int:
     try:
         config, run_dir, resuming = build_config(args)
         launch = launch_settings(args, config.nprocs)
-        probe_run_dir(run_dir, args.logdir)
-        lock = lock_run_dir(run_dir)
-        if lock is None:
-            raise ValueError(f"{run_dir} is in use by another training job; wait for it to end")
-        lock.close()  # rank 0 takes it again for the whole run
+        run_dir = prepare_run_dir(run_dir, args.logdir, new=not resuming and _RUN_DIR_VARIABLE not in os.environ)
+        lock_run_dir(run_dir).release()  # in use by another job: RunDirInUseError; rank 0 locks it for the run
     except (ValueError, OSError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
@@ -496,6 +474,8 @@ def main_in_rank(args: argparse.Namespace) -> int:
             if config.nprocs != mpi_util.nworkers:  # the launcher's count wins
                 config.nprocs = mpi_util.nworkers
                 check_config(config)
+            # Under mpi_fork its parent made the directory; under an outside launcher rank 0 makes it here.
+            run_dir = prepare_run_dir(run_dir, args.logdir, new=not resuming and _RUN_DIR_VARIABLE not in os.environ)
             setup = (config, run_dir, resuming)
         except (ValueError, OSError) as error:
             setup = f"train.py: error: {error}"
@@ -744,7 +724,7 @@ class Learner:
             self.algo = TRPO(self.ac, TRPOConfig(max_kl=config.kl_targ or 0.01, vf_lr=config.lr,
                                                  vf_minibatch_size=config.minibatch_size), seed=config.seed)
         self.logger = None
-        self._lock: object | None = None  # the run directory's lock, held while this process lives
+        self._lock: RunDirLock | None = None  # the run directory's lock, held while this process lives
 
     def open_logs(self, resuming: bool, iteration: int, job: dict) -> None:
         """Lock the run directory (for as long as this process lives), write config.json (the run's settings and
@@ -753,9 +733,10 @@ class Learner:
 
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._lock = lock_run_dir(self.run_dir)
-            if self._lock is None:
-                mpi_util.abort(f"train.py: error: {self.run_dir} is in use by another training job; wait for it to end")
+            try:
+                self._lock = lock_run_dir(self.run_dir)
+            except RunDirInUseError as error:
+                mpi_util.abort(f"train.py: error: {error}")
             record = {**asdict(self.config), **job, "rank0_cpus": self.cpus, **self.threads}
             (self.run_dir / "config.json").write_text(json.dumps(record, indent=2) + "\n")
             self.logger = RunLogger(self.run_dir, self.config.total_steps,

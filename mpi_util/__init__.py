@@ -23,7 +23,7 @@ from .bcast import WeightMismatchError, bcast_object, rank0_bcast_wts, ranks_out
 from .budget import SharedBudget
 from .cpus import cpus_available
 from .gather import BatchMismatchError, gather_objects, rank0_accum_batches
-from .gpu import check_gpu_pct, setup_gpu, tf_config
+from .gpu import check_gpu_pct, gpu_for_rank, setup_gpu, tf_config
 from .launch import ForkResult, MpiexecNotFoundError, find_mpiexec, mpi_fork, under_mpi_launcher
 from .process import abort, install_abort_on_exception, local_rank, nworkers, print0, rank, stdout_is_terminal
 from .reduce import all_mean, all_sum
@@ -45,6 +45,7 @@ __all__ = [
     "cpus_available",
     "find_mpiexec",
     "gather_objects",
+    "gpu_for_rank",
     "install_abort_on_exception",
     "local_rank",
     "mpi_fork",

@@ -1,4 +1,5 @@
-"""GPU memory caps for the ranks (``--gpu_pct``). TensorFlow is imported only when these are called."""
+"""Which GPU each rank uses, and GPU memory caps for the ranks (``--gpu_pct``). TensorFlow is imported only when
+setup_gpu or tf_config is called; torch never is."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .process import local_rank, print0
+from .process import launcher_local_rank, local_rank, print0
 
 
 def check_gpu_pct(gpu_pct: float) -> float:
@@ -25,6 +26,57 @@ def check_gpu_pct(gpu_pct: float) -> float:
             f"gpu_pct must be in [0, 1] (fraction of each GPU's memory per process, 0 = grow as needed), got {gpu_pct}"
         )
     return value
+
+
+def device_for_rank(rank_on_host: int, visible_count: int) -> int | None:
+    """The GPU of the process with local rank ``rank_on_host`` (its rank among the job's ranks on its host), as an
+    index among the ``visible_count`` GPUs it sees (``cuda:<index>``), or None when it sees none.
+
+    Round robin over the visible GPUs by local rank: ranks 0..k-1 of a host with k GPUs get one each, more ranks
+    share them evenly. Where the launcher already gave each task its own GPU (srun --gpus-per-task=1 sets
+    CUDA_VISIBLE_DEVICES to that one GPU), every task sees one and gets index 0, its own.
+    """
+    if rank_on_host < 0 or visible_count < 0:
+        raise ValueError(f"device_for_rank: rank_on_host and visible_count must be >= 0, got {rank_on_host}, "
+                         f"{visible_count}")
+    return rank_on_host % visible_count if visible_count else None
+
+
+def visible_gpu_ids(environ: Mapping[str, str]) -> list[str] | None:
+    """The GPUs CUDA_VISIBLE_DEVICES lets a process see, in CUDA's order (indices or GPU-/MIG- UUIDs); None when
+    it is unset (every GPU of the host is visible). As CUDA reads it: "" and "-1" hide every GPU, and the list
+    ends at the first entry that names no device (Slurm's "NoDevFiles" for a step without GPUs)."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    ids = []
+    for entry in (part.strip() for part in value.split(",")):
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+            break
+        ids.append(entry)
+    return ids
+
+
+def gpu_for_rank(device_count: int | None = None, environ: Mapping[str, str] | None = None) -> int | None:
+    """This rank's GPU as an index among the GPUs the process sees (``cuda:<index>``), None without a GPU.
+
+    device_count: the GPUs the framework sees (``torch.cuda.device_count()``, TensorFlow's GPU list), which already
+    honours CUDA_VISIBLE_DEVICES; None counts CUDA_VISIBLE_DEVICES's entries instead (ValueError when it is unset).
+    environ: None for this process (its local rank as ``local_rank()`` gives it, mpi_fork's under Open MPI);
+    a mapping of a launcher's variables gives that rank's answer (no launcher variable: a process alone on its
+    host, local rank 0). Slurm's SLURM_JOB_GPUS and SLURM_STEP_GPUS are not read: Slurm sets CUDA_VISIBLE_DEVICES
+    for the GPUs it gives a step, and that is what CUDA numbers.
+    """
+    if device_count is None:
+        ids = visible_gpu_ids(os.environ if environ is None else environ)
+        if ids is None:
+            raise ValueError("gpu_for_rank: CUDA_VISIBLE_DEVICES is unset; pass device_count (the GPUs the framework "
+                             "sees, e.g. torch.cuda.device_count())")
+        device_count = len(ids)
+    if device_count == 0:
+        return None
+    rank_on_host = local_rank() if environ is None else (launcher_local_rank(environ) or 0)
+    return device_for_rank(rank_on_host, device_count)
 
 
 @contextlib.contextmanager
@@ -88,7 +140,7 @@ def _gpu_total_memory_bytes(index: int) -> int | None:
 
 
 def setup_gpu(gpu_pct: float | None = None) -> dict[str, Any]:
-    """Pin this rank to one GPU (local rank modulo the GPU count) and cap its TensorFlow memory.
+    """Pin this rank to one GPU (``gpu_for_rank``: local rank modulo the GPU count) and cap its TensorFlow memory.
 
     gpu_pct: fraction of the GPU's memory this process may take, in (0, 1]; 0 lets TensorFlow grow as needed.
     None reads MPI_UTIL_GPU_PCT (set by ``mpi_fork``), default 0. Call before TensorFlow touches a GPU.
@@ -105,7 +157,8 @@ def setup_gpu(gpu_pct: float | None = None) -> dict[str, Any]:
         if pct > 0:
             print0(f"mpi_util: no GPU visible to TensorFlow; gpu_pct={pct:g} has no effect, running on the CPU")
         return {"gpu": None, "memory_limit_mb": None}
-    index = local_rank() % len(gpus)
+    index = gpu_for_rank(len(gpus))
+    assert index is not None  # there are GPUs
     gpu = gpus[index]
     tf.config.set_visible_devices([gpu], "GPU")
     if pct == 0.0:
@@ -138,6 +191,6 @@ def tf_config(gpu_pct: float = 0.0) -> Any:
     else:
         config.gpu_options.allow_growth = True
     if ngpus:
-        config.gpu_options.visible_device_list = str(local_rank() % ngpus)
+        config.gpu_options.visible_device_list = str(gpu_for_rank(ngpus))
     return config
 

@@ -10,6 +10,7 @@ import sys
 import termios
 import time
 import traceback
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from mpi4py import MPI
@@ -50,10 +51,24 @@ def local_rank(comm: MPI.Comm | None = None) -> int:
     if comm is COMM_WORLD:
         if _world_node_rank is not None:
             return _world_node_rank
-        for name in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK", "SLURM_LOCALID"):
-            if name in os.environ:
-                return int(os.environ[name])
+        from_launcher = launcher_local_rank(os.environ)
+        if from_launcher is not None:
+            return from_launcher
     return _node_rank(comm)
+
+
+# Launchers' local-rank variables, the most specific first: mpiexec started inside a Slurm allocation (sbatch, salloc)
+# inherits the batch step's SLURM_LOCALID (0 in every rank), so MPICH's and Open MPI's own variables win.
+_LOCAL_RANK_VARIABLES = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK", "SLURM_LOCALID")
+
+
+def launcher_local_rank(environ: Mapping[str, str]) -> int | None:
+    """The local rank a launcher put in ``environ`` (MPICH's mpiexec: MPI_LOCALRANKID; Open MPI's:
+    OMPI_COMM_WORLD_LOCAL_RANK; PMIx: PMIX_LOCAL_RANK; srun: SLURM_LOCALID), None when it set none."""
+    for name in _LOCAL_RANK_VARIABLES:
+        if name in environ:
+            return int(environ[name])
+    return None
 
 
 def _node_rank(comm: MPI.Comm) -> int:

@@ -2,9 +2,9 @@
 
 A user's SB3 script gains these lines (run by every rank)::
 
-    from mpi_util.sb3 import parallelize
+    from mpi_util.sb3 import parallelize, rank_device
     if mpi_util.mpi_fork(nprocs) == "parent": sys.exit()      # or start it with mpiexec / srun
-    model = parallelize(PPO("MlpPolicy", env, seed=0, ...))   # env: this rank's VecEnv
+    model = parallelize(PPO("MlpPolicy", env, seed=0, device=rank_device(), ...))   # env: this rank's VecEnv
     model.learn(total_timesteps)                              # total over all ranks
     if mpi_util.rank == 0: model.save("ppo")
 
@@ -18,6 +18,11 @@ What ``parallelize`` changes, per iteration of SB3's own ``learn`` loop:
 - the policy's parameters and buffers (and a VecNormalize's statistics) are broadcast from rank 0, bit for bit;
 - ``num_timesteps`` counts every rank's steps, so ``learn(total_timesteps)`` means steps over all ranks; rank 0's
   logs (ep_rew_mean, fps) cover every rank's episodes; the other ranks log nothing.
+
+GPUs: ``rank_device()`` is SB3's ``device="auto"`` with each rank on its own GPU (``mpi_util.gpu_for_rank``: local
+rank modulo the GPUs it sees), "cpu" without CUDA. A model built with "auto" or "cuda" (which mean GPU 0 to torch, on
+every rank) is moved to the rank's GPU by ``parallelize``; it has touched GPU 0 by then, so build it with
+``device=rank_device()``. An explicit device ("cuda:1", "cpu") is left alone.
 
 VecNormalize: each rank updates its statistics from its own observations during its rollout, starting from the
 statistics all ranks share; rank 0 then merges what every rank added (counts, means and spreads, as SB3's
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -46,6 +52,7 @@ from mpi4py import MPI
 
 from .bcast import rank0_bcast_wts
 from .gather import gather_objects, rank0_accum_batches
+from .gpu import gpu_for_rank
 from .process import COMM_WORLD
 from .reduce import all_sum
 from .seeding import rank_seed
@@ -205,6 +212,35 @@ def _broadcast_from_rank0(model: Any) -> None:
     state.shared_stats = _snapshot(stats)
 
 
+def rank_device(requested: Any = "auto", cuda_device_count: int | None = None,
+                environ: Mapping[str, str] | None = None) -> str:
+    """The torch device for this rank's SB3 model: "auto" or "cuda" become ``cuda:<gpu_for_rank>``, "cpu" when
+    CUDA is not available; any other device ("cuda:1", "cpu", a torch.device) is returned as given, as a string.
+
+    cuda_device_count: None asks torch (0 when ``torch.cuda.is_available()`` is False). environ: as for
+    ``gpu_for_rank`` (None: this process).
+    """
+    if str(requested) not in ("auto", "cuda"):
+        return str(requested)
+    if cuda_device_count is None:
+        import torch
+
+        cuda_device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = gpu_for_rank(cuda_device_count, environ)
+    return "cpu" if index is None else f"cuda:{index}"
+
+
+def _move_to_rank_gpu(model: Any) -> None:
+    """A model on SB3's "auto"/"cuda" device (GPU 0 on every rank) onto this rank's own GPU."""
+    import torch
+
+    device = torch.device(rank_device("cuda"))
+    torch.cuda.set_device(device)  # tensors later made on "cuda" land there too
+    model.policy.to(device)  # in place: the optimizer keeps its parameters
+    model.device = device
+    model.rollout_buffer.device = device
+
+
 _PARALLEL_CLASSES: dict[type, type] = {}
 
 
@@ -218,7 +254,8 @@ def parallelize(model: Model, comm: MPI.Comm | None = None) -> Model:
     Call it on every rank, after building the model with this rank's VecEnv (any number of envs per rank) and
     before ``learn``. It re-seeds ranks r > 0 (their torch, numpy, action space and envs) with
     ``rank_seed(seed, r)``, or from fresh entropy when the model has no seed; broadcasts rank 0's initial policy (and
-    VecNormalize statistics) to every rank; silences the logger of ranks r > 0; and returns the same object, whose
+    VecNormalize statistics) to every rank; silences the logger of ranks r > 0; moves a model on "auto"/"cuda" to
+    this rank's GPU (see ``rank_device``); and returns the same object, whose
     class is now a subclass of its own (``isinstance(model, PPO)`` holds; ``save`` and ``PPO.load`` work as before).
     Save from rank 0. Every rank must then call ``learn`` with the same arguments.
     """
@@ -232,6 +269,8 @@ def parallelize(model: Model, comm: MPI.Comm | None = None) -> Model:
         raise ValueError("parallelize: this model is already parallel; call parallelize once per model")
     if model.env is None:  # type: ignore[attr-defined]
         raise ValueError("parallelize: the model has no env; pass this rank's env when building it")
+    if model.device.type == "cuda" and model.device.index is None:  # type: ignore[attr-defined]
+        _move_to_rank_gpu(model)
     rank = comm.Get_rank()
     if rank > 0:
         # The model's seed (or, without one, fresh entropy) re-seeds this rank's torch, numpy, action space and envs,
