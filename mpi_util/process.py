@@ -143,6 +143,13 @@ def abort(message: str, code: int = 1) -> NoReturn:
     sys.stderr.write(message.rstrip("\n") + "\n")
     sys.stderr.flush()
     _wait_for_reader(sys.stderr)
+    # MPICH's MPI_Abort adds a line of its own ("Abort(1) on node 0 (rank 0 in comm 0): application called
+    # MPI_Abort(...)") after the message that says what happened: the user's stderr has had all it needs.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+    except OSError:
+        pass
     COMM_WORLD.Abort(code)
     # MPICH's MPI_Abort returns once it has asked the launcher to end the job, and the launcher kills this process a
     # moment later: meanwhile the caller's code would go on (seen: a rank finished its loop and wrote its results).
