@@ -62,7 +62,7 @@ def test_bad_arguments_are_clear():
     with pytest.raises(ValueError, match=r"gpu_pct must be in \[0, 1\]"):
         mpi_util.check_gpu_pct(-0.1)
     with pytest.raises(ValueError, match="stall timeout"):
-        mpi_util.set_stall_timeout(0)
+        mpi_util.set_stall_timeout(-1)
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])

@@ -21,9 +21,9 @@ from mpi_util.process import COMM_WORLD
 out_dir, case = Path(sys.argv[1]), sys.argv[2]
 rank = mpi_util.rank
 if case == "auto":
-    stall.AUTO_FLOOR_S, stall.AUTO_STARTUP_S = 1.0, 4.0
+    stall.AUTO_FLOOR_S = 1.0
     # Rank 0 alone gives up (at 3 ranks, rank 2 would too, at about the same time, and race it to the file).
-    mpi_util.set_stall_timeout("auto" if rank == 0 else None)
+    mpi_util.set_stall_timeout("auto" if rank == 0 else None, startup_s=4.0)
     late_s = [2.0, 2.0, 0.2, 0.2, 0.2, 0.2, 3600.0]
 else:
     mpi_util.set_stall_timeout(None)
