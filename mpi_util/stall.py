@@ -4,12 +4,11 @@ Every wait in ``mpi_util`` goes through ``StallWatch.wait_until``. A waiting ran
 arrived by its last sign of life: the last time that rank called ``heartbeat()`` (train.py's rollouts and updates do,
 per env step and per epoch) or entered a collective. A rank is blamed once it has shown no sign of life for the
 limit, however long the wait has lasted; a rank that is slow but advancing is never blamed. The limit is one of:
-none (wait forever), a fixed number of seconds, or "auto" (the default):
-
-- a rank that has not called ``heartbeat()`` yet, in the first ``AUTO_WARMUP_CALLS`` calls of a collective, gets the
-  start-up allowance (``AUTO_STARTUP_S``, 120 s: imports, building models, a first compile before the loop ticks);
-- otherwise ``AUTO_FACTOR`` times the longest silence seen so far after warm-up, never less than ``AUTO_FLOOR_S``
-  (60 s). For a rank that ticks, the silence is the time between its ticks; for one that never does, its wait.
+none (wait forever), a fixed number of seconds, or "auto" (the default): ``AUTO_FACTOR`` times the longest silence
+seen so far after warm-up (for a rank that ticks, the time between its ticks; for one that never does, its wait),
+never less than ``AUTO_FLOOR_S`` (60 s). Under either limit, a rank that has not called ``heartbeat()`` yet gets at
+least the start-up allowance (``AUTO_STARTUP_S``, 120 s) in the first ``AUTO_WARMUP_CALLS`` calls of a collective:
+imports, building a model, a first compile before its loop ticks.
 
 So with the defaults a rank that hangs in its first rollout is reported within about 60 s of its last tick, or 120 s
 into the first wait for it when it hangs before its first tick. Ranks this rank cannot watch (on another host, or
@@ -200,14 +199,15 @@ class StallWatch:
         """Seconds of silence ``suspect`` is allowed in this wait."""
         if self.limit is None:
             return math.inf
-        if self.limit != "auto":
-            return float(self.limit)
-        progress_limit = max(AUTO_FLOOR_S, AUTO_FACTOR * self.longest_silence_s)
-        if not warm_up:
-            return progress_limit
-        if suspect.blind:
-            return max(AUTO_BLIND_WARMUP_S, progress_limit)
-        return progress_limit if suspect.ticks else max(self.startup_s, progress_limit)
+        if self.limit == "auto":
+            progress_limit = max(AUTO_FLOOR_S, AUTO_FACTOR * self.longest_silence_s)
+            if warm_up and suspect.blind:
+                return max(AUTO_BLIND_WARMUP_S, progress_limit)
+        else:
+            progress_limit = float(self.limit)
+        if warm_up and not (suspect.ticks or suspect.blind):
+            return max(self.startup_s, progress_limit)  # before the loop: imports, building a model, compiling
+        return progress_limit
 
     def _suspects(self, sequence: int, started: float, now: float,
                   late: Callable[[], list[int]] | None) -> list[_Suspect]:
@@ -339,7 +339,7 @@ def set_stall_timeout(seconds: float | str | None, startup_s: float | None = Non
     ``heartbeat()`` may go 60 s without one, a rank that has not yet may take ``startup_s`` in the first two calls of
     each collective, and after warm-up 10x the longest silence seen, at least 60 s); None or 0, wait forever. The
     MPI_UTIL_STALL_TIMEOUT environment variable sets the value in force before this call, in the same words as
-    train.py's --stall_timeout ("auto", seconds, 0 for never). startup_s: the start-up allowance under "auto"
+    train.py's --stall_timeout ("auto", seconds, 0 for never). startup_s: the start-up allowance, under either limit
     (default 120 s, or MPI_UTIL_STALL_STARTUP); None keeps the current one.
 
     The error names the ranks that have not arrived (with the collective each last entered, for ranks on this host;
