@@ -50,7 +50,7 @@ _MIN_SEGMENT_BYTES = 64 << 10
 
 def poll_requests(requests: list[MPI.Request], what: str, sequence: int, **stall: object) -> None:
     """Complete ``requests`` by polling ``Testall`` with short, growing sleeps instead of a busy ``Waitall``.
-    ``stall``: what ``StallWatch.wait_until`` should add to an error (late, extra_s, note)."""
+    ``stall``: what ``StallWatch.wait_until`` should know for an error (late, extra_s, note, rank0_judges)."""
     started = time.monotonic()
     while time.monotonic() - started < POLL_SPIN_S:
         if MPI.Request.Testall(requests):

@@ -195,6 +195,14 @@ class StallWatch:
             comm.Recv(scratch, source=status.Get_source(), tag=_PROGRESS_TAG)
             self.far_seen[status.Get_source()] = now
 
+    def _waiting(self, now: float) -> None:
+        """Show, while this rank waits in a collective, that it is not the one stuck: a rank that waits for it (in a
+        later collective, or blocked in a data round this rank must finish) would otherwise blame it."""
+        if self.board is not None:
+            self.board.row[_ArrivalBoard.ENTERED] = int(now * 1e9)
+            if self.sends_far_progress and now >= self.next_far_send:
+                self.send_far_progress(now)
+
     def _allowed_s(self, suspect: _Suspect, warm_up: bool) -> float:
         """Seconds of silence ``suspect`` is allowed in this wait."""
         if self.limit is None:
@@ -237,13 +245,15 @@ class StallWatch:
         return suspects
 
     def wait_until(self, done: Callable[[], bool], sleep: Callable[[float], None], what: str, sequence: int,
-                   late: Callable[[], list[int]] | None = None, extra_s: float = 0.0, note: str = "") -> None:
+                   late: Callable[[], list[int]] | None = None, extra_s: float = 0.0, note: str = "",
+                   rank0_judges: bool = False) -> None:
         """Call ``sleep(seconds_left)`` until ``done()``; raise CollectiveStallError when a rank that has not arrived
         has shown no sign of life for its limit (plus ``extra_s``), or when the deadline passes first. The silences
         seen feed the "auto" limit.
 
         late: the world ranks known not to have arrived (for ranks the board does not cover); note: what else the
-        error should say about this wait."""
+        error should say about this wait; rank0_judges: rank 0 is in this collective and judges every rank by its
+        progress, so this rank blames none it cannot see (only ranks on its board, after ``extra_s`` more)."""
         started = time.monotonic()
         warm_up = self.calls.get(what, 0) <= AUTO_WARMUP_CALLS
         next_check = started + CHECK_EVERY_S
@@ -257,10 +267,12 @@ class StallWatch:
                                                          suspects, [], note))
             if now >= next_check and self.limit is not None:
                 suspects = self._suspects(sequence, started, now, late)
-                blamed = [s for s in suspects if s.silent_s >= self._allowed_s(s, warm_up) + extra_s]
+                blamed = [s for s in suspects if s.silent_s >= self._allowed_s(s, warm_up) + extra_s
+                          and not (s.blind and rank0_judges)]
                 if blamed:
                     raise CollectiveStallError(self._message(what, sequence, now - started, None, suspects, blamed,
                                                              note))
+                self._waiting(now)
                 for s in suspects:
                     if s.ticks:
                         any_ticks = True
