@@ -166,10 +166,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="after every broadcast verify that all ranks hold bit-identical weights and normalizer "
                              "statistics (one small extra exchange per iteration; logged as sync_ok)")
     parser.add_argument("--stall_timeout", type=str,
-                        help="seconds a process may wait for the others at a gather or broadcast before the job "
-                             "is aborted, naming the process that did not arrive; 'auto' allows 10 minutes for the "
-                             "first two calls of each (start-up, compiling), then 10x the slowest wait seen so far, "
-                             f"at least 60 s; 0 waits forever (default: {_default('stall_timeout')})")
+                        help="seconds a process that has not reached a gather or broadcast may go without progress "
+                             "(env steps, update epochs) before the job is aborted, naming it; 'auto': 60 s, or 10x "
+                             "the longest pause seen once past the first two calls, and 120 s before a process's first "
+                             "step (MPI_UTIL_STALL_STARTUP sets this allowance); 0 waits forever (default: "
+                             f"{_default('stall_timeout')})")
     parser.add_argument("--logdir", type=str, default="runs",
                         help="directory that holds the run directories (default: %(default)s)")
     parser.add_argument("--resume", type=str, metavar="RUN_DIR", default=None,
@@ -577,7 +578,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
 
     rank, nprocs = mpi_util.rank, mpi_util.nworkers
     mpi_util.set_global_seeds(config.seed)
-    mpi_util.set_stall_timeout(None if config.stall_timeout == 0 else config.stall_timeout)
+    mpi_util.set_stall_timeout(config.stall_timeout)  # 0: never, as MPI_UTIL_STALL_TIMEOUT=0
     stop = StopRequest()
     worker, action_rng = make_rollout_worker(config, rank, seed_path=())
     obs_dim, action_space = worker.envs[0].observation_space.shape[0], worker.envs[0].action_space

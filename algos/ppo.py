@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from algos.learner_batch import batch_specs, prepare_batch
 from algos.policy import ActorCritic
+from mpi_util.stall import heartbeat
 
 
 @dataclass
@@ -77,6 +78,7 @@ class PPO:
         sums = np.zeros(4)
         epochs = 0
         for _ in range(self.cfg.epochs):
+            heartbeat()  # the workers waiting for the weights see rank 0 advance
             perm = tf.constant(self.rng.permutation(n))
             epoch_stats = self._train_epoch(batch.obs, batch.act, batch.adv, batch.v_target, old_logp, perm)
             pi_loss, v_loss, entropy, approx_kl, clip_frac = epoch_stats.numpy()

@@ -8,6 +8,7 @@ import numpy as np
 
 from algos.gae import gae_advantages
 from algos.numpy_actor import NumpyActor
+from mpi_util.stall import heartbeat
 
 # With a shared budget, a rank takes this many lockstep steps of its envs at a time: one take (an MPI atomic, ~2 us)
 # per 16 steps costs ~0.1% of a step's time, and the ranks finish within 16 steps (~2.5 ms) of each other.
@@ -97,6 +98,7 @@ class RolloutWorker:
         for t, (active, noise) in enumerate(self._lockstep_rows(n_steps, take, actor, rng)):
             # The envs that step in row t are a prefix; only the last row can leave some out.
             rows, last_active = t + 1, active
+            heartbeat()  # ranks waiting for this one see it advance
             actions = actor.act_with_noise(obs[t, :active], noise, out=act[t, :active])
             env_actions = actions.tolist() if self.is_discrete else np.minimum(np.maximum(actions, low), high)
             next_rows = obs[t + 1]

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from algos.learner_batch import LearnerBatch, batch_specs, prepare_batch
 from algos.policy import ActorCritic
+from mpi_util.stall import heartbeat
 
 
 @dataclass
@@ -115,6 +116,7 @@ class TRPO:
         grad = grad.numpy().astype(np.float64)
 
         def fisher_vector_product(vec: np.ndarray) -> np.ndarray:
+            heartbeat()  # once per conjugate-gradient step: the workers waiting for the weights see rank 0 advance
             product = self._fisher_vector_product(batch.obs, old_params, tf.constant(vec, dtype=tf.float32))
             return product.numpy().astype(np.float64)
 
@@ -127,6 +129,7 @@ class TRPO:
         full_step = np.sqrt(2.0 * self.cfg.max_kl / shs) * direction
         old_flat = np.concatenate([v.numpy().ravel() for v in self._pi_variables]).astype(np.float64)
         for shrinks in range(self.cfg.backtrack_iters):
+            heartbeat()
             self._assign_policy(old_flat + self.cfg.backtrack_coef**shrinks * full_step)
             surrogate, kl, _ = self._policy_stats(batch.obs, batch.act, batch.adv, old_logp, old_params)
             if float(kl) <= self.cfg.max_kl and float(surrogate) > float(surrogate_old):
@@ -145,10 +148,10 @@ class TRPO:
     def _fit_value(self, batch: LearnerBatch) -> float:
         """vf_epochs of Adam minibatch steps on the value loss; returns the mean minibatch loss."""
         n = int(batch.obs.shape[0])
-        losses = [
-            float(self._vf_epoch(batch.obs, batch.v_target, tf.constant(self.rng.permutation(n))))
-            for _ in range(self.cfg.vf_epochs)
-        ]
+        losses = []
+        for _ in range(self.cfg.vf_epochs):
+            heartbeat()
+            losses.append(float(self._vf_epoch(batch.obs, batch.v_target, tf.constant(self.rng.permutation(n)))))
         # Every epoch has the same number of minibatches: the mean of epoch means is the mean over steps.
         return float(np.mean(losses))
 

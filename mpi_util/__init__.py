@@ -28,7 +28,7 @@ from .launch import ForkResult, MpiexecNotFoundError, find_mpiexec, mpi_fork, un
 from .process import abort, install_abort_on_exception, local_rank, nworkers, print0, rank, stdout_is_terminal
 from .reduce import all_mean, all_sum
 from .seeding import rank_seed, set_global_seeds
-from .stall import CollectiveStallError, set_stall_timeout, stall_deadline
+from .stall import CollectiveStallError, heartbeat, parse_stall_timeout, set_stall_timeout, stall_deadline
 
 __all__ = [
     "BatchMismatchError",
@@ -46,10 +46,12 @@ __all__ = [
     "find_mpiexec",
     "gather_objects",
     "gpu_for_rank",
+    "heartbeat",
     "install_abort_on_exception",
     "local_rank",
     "mpi_fork",
     "nworkers",
+    "parse_stall_timeout",
     "print0",
     "rank",
     "rank0_accum_batches",

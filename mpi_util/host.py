@@ -50,7 +50,7 @@ _MIN_SEGMENT_BYTES = 64 << 10
 
 def poll_requests(requests: list[MPI.Request], what: str, sequence: int, **stall: object) -> None:
     """Complete ``requests`` by polling ``Testall`` with short, growing sleeps instead of a busy ``Waitall``.
-    ``stall``: what ``StallWatch.wait_until`` should add to an error (late, extra_s, note)."""
+    ``stall``: what ``StallWatch.wait_until`` should know for an error (late, extra_s, note, rank0_judges)."""
     started = time.monotonic()
     while time.monotonic() - started < POLL_SPIN_S:
         if MPI.Request.Testall(requests):
@@ -248,6 +248,7 @@ def decide_after_first_collective(comm: MPI.Comm) -> None:
     if _decided or comm.Get_size() == 1 or not (comm is COMM_WORLD or comm == COMM_WORLD):
         return
     _decided = True
+    watch.set_up_board()  # for stall reports, unless set_stall_timeout has set it up already
     # Both answers are agreed on by every rank, so every rank takes the same branch into the transport's collectives.
     if all_on_one_host(COMM_WORLD) and COMM_WORLD.allreduce(doorbell_supported(), op=MPI.LAND):
         _world = HostTransport(COMM_WORLD)

@@ -50,7 +50,7 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from .bcast import rank0_bcast_wts
+from .bcast import bcast_object, rank0_bcast_wts
 from .gather import gather_objects, rank0_accum_batches
 from .gpu import gpu_for_rank
 from .process import COMM_WORLD
@@ -248,6 +248,46 @@ def _fresh_seed() -> int:
     return int(np.random.SeedSequence().generate_state(1)[0])
 
 
+def _prepare_rank(model: Any, rank: int) -> int:
+    """Check ``model`` and, on ranks r > 0, re-seed it and silence its logger; returns its number of envs."""
+    if not (hasattr(model, "collect_rollouts") and hasattr(model, "rollout_buffer") and hasattr(model, "n_steps")):
+        raise TypeError(
+            f"parallelize: expected a Stable-Baselines3 on-policy model such as PPO or A2C, got "
+            f"{type(model).__name__}; off-policy algorithms (SAC, TD3, DQN) learn between steps, not in batches"
+        )
+    if hasattr(model, "_mpi"):
+        raise ValueError("parallelize: this model is already parallel; call parallelize once per model")
+    if model.env is None:
+        raise ValueError("parallelize: the model has no env; pass this rank's env when building it")
+    if model.device.type == "cuda" and model.device.index is None:
+        _move_to_rank_gpu(model)
+    if rank > 0:
+        # The model's seed (or, without one, fresh entropy) re-seeds this rank's torch, numpy, action space and envs,
+        # which every rank would otherwise step from the same seed.
+        seed = model.seed
+        model.set_random_seed(rank_seed(seed if seed is not None else _fresh_seed(), rank))
+        from stable_baselines3.common.logger import Logger  # SB3 is installed: the model is one of its classes
+
+        model.set_logger(Logger(folder=None, output_formats=[]))
+        model.verbose = 0
+    return int(model.rollout_buffer.n_envs)
+
+
+def _agree(comm: MPI.Comm, failure: Exception | None, value: int) -> list[int]:
+    """Every rank's ``value`` (rank order), once every rank has said whether its step succeeded; when one failed,
+    raise on every rank: the failing rank's own exception there, a RuntimeError naming it (and its error) elsewhere.
+    Collective over ``comm``: two small object collectives."""
+    outcome = value if failure is None else f"{type(failure).__name__}: {failure}"
+    outcomes = bcast_object(gather_objects(outcome, comm), comm)
+    failed = [(r, text) for r, text in enumerate(outcomes) if isinstance(text, str)]
+    if failure is not None:
+        raise failure
+    if failed:
+        raise RuntimeError("parallelize failed on " + "; ".join(f"rank {r}: {text}" for r, text in failed)
+                           + "; every rank stops here")
+    return outcomes
+
+
 def parallelize(model: Model, comm: MPI.Comm | None = None) -> Model:
     """Make an SB3 on-policy model (PPO, A2C, or a subclass of OnPolicyAlgorithm) learn on every rank of ``comm``.
 
@@ -260,40 +300,31 @@ def parallelize(model: Model, comm: MPI.Comm | None = None) -> Model:
     Save from rank 0. Every rank must then call ``learn`` with the same arguments.
     """
     comm = COMM_WORLD if comm is None else comm
-    if not (hasattr(model, "collect_rollouts") and hasattr(model, "rollout_buffer") and hasattr(model, "n_steps")):
-        raise TypeError(
-            f"parallelize: expected a Stable-Baselines3 on-policy model such as PPO or A2C, got "
-            f"{type(model).__name__}; off-policy algorithms (SAC, TD3, DQN) learn between steps, not in batches"
-        )
-    if hasattr(model, "_mpi"):
-        raise ValueError("parallelize: this model is already parallel; call parallelize once per model")
-    if model.env is None:  # type: ignore[attr-defined]
-        raise ValueError("parallelize: the model has no env; pass this rank's env when building it")
-    if model.device.type == "cuda" and model.device.index is None:  # type: ignore[attr-defined]
-        _move_to_rank_gpu(model)
-    rank = comm.Get_rank()
-    if rank > 0:
-        # The model's seed (or, without one, fresh entropy) re-seeds this rank's torch, numpy, action space and envs,
-        # which every rank would otherwise step from the same seed.
-        seed = model.seed  # type: ignore[attr-defined]
-        model.set_random_seed(rank_seed(seed if seed is not None else _fresh_seed(), rank))  # type: ignore[attr-defined]
-        from stable_baselines3.common.logger import Logger  # SB3 is installed: the model is one of its classes
-
-        model.set_logger(Logger(folder=None, output_formats=[]))  # type: ignore[attr-defined]
-        model.verbose = 0  # type: ignore[attr-defined]
-
+    # What can fail here can fail on one rank alone (a model built differently, an env missing): each rank prepares,
+    # then all agree before any collective of SB3's own, so that a failure is an error on every rank instead of the
+    # other ranks waiting in a collective for a rank that has left.
+    try:
+        n_envs = _prepare_rank(model, comm.Get_rank())
+        failure = None
+    except Exception as error:
+        n_envs, failure = 0, error
+    total_envs = sum(_agree(comm, failure, n_envs))
     local_buffer = model.rollout_buffer  # type: ignore[attr-defined]
-    total_envs = int(all_sum(local_buffer.n_envs, comm))
-    cls = type(model)
-    if cls not in _PARALLEL_CLASSES:
-        _PARALLEL_CLASSES[cls] = _parallel_class(cls)
+    try:
+        cls = type(model)
+        if cls not in _PARALLEL_CLASSES:
+            _PARALLEL_CLASSES[cls] = _parallel_class(cls)
+        if comm.Get_rank() == 0:
+            model.rollout_buffer = local_buffer.__class__(  # type: ignore[attr-defined]
+                local_buffer.buffer_size, local_buffer.observation_space, local_buffer.action_space,
+                device=local_buffer.device, gamma=local_buffer.gamma, gae_lambda=local_buffer.gae_lambda,
+                n_envs=total_envs, **model.rollout_buffer_kwargs,  # type: ignore[attr-defined]
+            )
+        failure = None
+    except Exception as error:
+        failure = error
+    _agree(comm, failure, 0)
     model.__class__ = _PARALLEL_CLASSES[cls]
     model._mpi = _RankState(comm, local_buffer, total_envs)  # type: ignore[attr-defined]
-    if rank == 0:
-        model.rollout_buffer = local_buffer.__class__(  # type: ignore[attr-defined]
-            local_buffer.buffer_size, local_buffer.observation_space, local_buffer.action_space,
-            device=local_buffer.device, gamma=local_buffer.gamma, gae_lambda=local_buffer.gae_lambda,
-            n_envs=total_envs, **model.rollout_buffer_kwargs,  # type: ignore[attr-defined]
-        )
     _broadcast_from_rank0(model)
     return model

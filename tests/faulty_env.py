@@ -1,13 +1,14 @@
 """A Pendulum that fails on purpose, for the reliability tests: ``train.py tests.faulty_env:FaultyPendulum-v0``.
 
-FAULT_KIND (raise | kill | hang | nan), FAULT_RANK and FAULT_AT_STEP (this process's env steps) choose what goes
-wrong, on which rank, when; FAULT_KIND=huge gives rewards of 1e300 on every rank from step FAULT_AT_STEP on.
+FAULT_KIND (raise | kill | hang | nan | slow), FAULT_RANK and FAULT_AT_STEP (this process's env steps) choose what
+goes wrong, on which rank, when; FAULT_KIND=huge gives rewards of 1e300 on every rank from step FAULT_AT_STEP on.
 FAULT_KIND=file_limit caps the size of files the ranks may write at FAULT_FILE_BYTES
 from their step FAULT_AT_STEP on (as a full disk would fail the writes; a full disk leaves /dev/shm alone, so the cap
 comes once MPI's and mpi_util's shared memory exists: under Open MPI a window's ftruncate failing on one rank left the
 others waiting in the window's creation until killed). FAULT_AFTER_FILE (a glob) makes the chosen rank wait, at most
 60 s, until a file matching it exists before it fails: a checkpoint the test expects to survive is then complete,
 instead of racing the failure.
+FAULT_KIND=slow makes the chosen rank's env take FAULT_SLOW_S longer per step from FAULT_AT_STEP on (a slow simulator).
 FAULT_KIND=report_modules makes every rank write, at its first step, which of tensorflow, keras and torch it has
 imported and its resident memory to FAULT_REPORT_DIR/modules_RANK.json. Without FAULT_KIND it is a plain Pendulum-v1.
 """
@@ -53,6 +54,8 @@ class FaultyPendulum(gymnasium.Wrapper):
             report.write_text(json.dumps({"modules": heavy, "resident_mb": resident_kb / 1024}))
         if kind == "huge" and self.steps >= int(os.environ["FAULT_AT_STEP"]):
             reward = 1e300  # finite, but no float32 network can fit it
+        if kind == "slow" and rank == int(os.environ["FAULT_RANK"]) and self.steps >= int(os.environ["FAULT_AT_STEP"]):
+            time.sleep(float(os.environ["FAULT_SLOW_S"]))  # the simulator's work
         chosen = kind in ("raise", "kill", "hang", "nan") and rank == int(os.environ["FAULT_RANK"])
         if chosen and self.steps == int(os.environ["FAULT_AT_STEP"]):
             after = os.environ.get("FAULT_AFTER_FILE")

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 import mpi_util
+from mpi_util import stall
 
 CASES = {
     "missing_key": ("BatchMismatchError", ["rank {last}", "key 'act'"]),
@@ -62,7 +67,7 @@ def test_bad_arguments_are_clear():
     with pytest.raises(ValueError, match=r"gpu_pct must be in \[0, 1\]"):
         mpi_util.check_gpu_pct(-0.1)
     with pytest.raises(ValueError, match="stall timeout"):
-        mpi_util.set_stall_timeout(0)
+        mpi_util.set_stall_timeout(-1)
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
@@ -77,6 +82,24 @@ def test_auto_stall_timeout_allows_warm_up_then_reports_a_hang_within_ten_waits(
     assert "in step" in outcome["error"] and "rank 1 has not arrived" in outcome["error"], outcome
 
 
+@pytest.mark.parametrize(("case", "waited_s"), [("tick_then_hang", (2.8, 4.5)), ("hang_before_first_tick", (5.9, 7.5))])
+def test_a_rank_that_stops_advancing_is_reported_in_the_first_call(run_mpi, tmp_path, case, waited_s):
+    result = run_mpi(2, "stall_cases.py", str(tmp_path), case, timeout=60, check=False)
+    assert result.returncode == 3, result.stderr[-2000:]
+    outcome = json.loads((tmp_path / "stall.json").read_text())
+    assert outcome["call"] == 0 and waited_s[0] <= outcome["waited_s"] <= waited_s[1], outcome
+    silent_s = 2 if case == "tick_then_hang" else 6
+    assert f"no progress for {silent_s} s in step (collective #1): rank 1 has not arrived" in outcome["error"], outcome
+
+
+def test_a_slow_rank_that_advances_is_not_blamed(run_mpi, tmp_path):
+    # Each wait lasts about 8 s, 4x the no-progress limit and beyond the start-up allowance: without its heartbeats
+    # rank 1 would be blamed in the first call.
+    result = run_mpi(2, "stall_cases.py", str(tmp_path), "slow_but_advancing", timeout=90, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((tmp_path / "stall.json").read_text()) == {"error": None, "call": 3}
+
+
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_stall_deadline_ends_a_wait_that_has_no_limit(run_mpi, tmp_path, nprocs):
     result = run_mpi(nprocs, "stall_cases.py", str(tmp_path), "deadline", timeout=60, check=False)
@@ -84,3 +107,40 @@ def test_stall_deadline_ends_a_wait_that_has_no_limit(run_mpi, tmp_path, nprocs)
     outcome = json.loads((tmp_path / "stall.json").read_text())
     assert outcome["call"] == 2 and 1.4 <= outcome["waited_s"] <= 3.0, outcome
     assert "a stop was requested" in outcome["error"] and "rank 1 has not arrived" in outcome["error"], outcome
+
+
+READ_LIMIT = "import mpi_util.stall as s; print(repr(s.watch.limit), s.watch.startup_s)"
+
+
+@pytest.mark.parametrize(("value", "limit"), [(None, "'auto' 120.0"), ("auto", "'auto' 120.0"), ("0", "None 120.0"),
+                                              ("45", "45.0 120.0")])
+def test_stall_timeout_variable_takes_the_words_of_the_command_line(value, limit):
+    # The words of train.py's --stall_timeout, with the same meanings: 0 waits forever; unset is "auto" (library
+    # users get a limit too), with the documented 120 s start-up allowance.
+    env = {"MPI_UTIL_STALL_TIMEOUT": value} if value is not None else {}
+    env_without = {k: v for k, v in os.environ.items() if k not in ("MPI_UTIL_STALL_TIMEOUT", "MPI_UTIL_STALL_STARTUP")}
+    result = subprocess.run([sys.executable, "-c", READ_LIMIT], env={**env_without, "PYTHONPATH": str(REPO), **env},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.split("\n")[0] == limit, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("MPI_UTIL_STALL_TIMEOUT", "10m", "MPI_UTIL_STALL_TIMEOUT must be 'auto', a number of seconds, or 0 to wait "
+                                     "forever, got '10m'"),
+    ("MPI_UTIL_STALL_TIMEOUT", "-5", "got '-5'"),
+    ("MPI_UTIL_STALL_STARTUP", "0", "MPI_UTIL_STALL_STARTUP must be a number of seconds > 0"),
+])
+def test_bad_stall_variables_say_which_and_why(name, value, message):
+    result = subprocess.run([sys.executable, "-c", "import mpi_util"], env={**os.environ, "PYTHONPATH": str(REPO),
+                            name: value}, capture_output=True, text=True, timeout=60)
+    last_line = result.stderr.splitlines()[-1]
+    assert result.returncode != 0 and last_line.startswith("ValueError: ") and message in last_line, result.stderr
+
+
+def test_documented_auto_defaults():
+    assert (stall.AUTO_FLOOR_S, stall.AUTO_STARTUP_S, stall.AUTO_FACTOR, stall.AUTO_WARMUP_CALLS) == (60.0, 120.0,
+                                                                                                    10.0, 2)
+    assert mpi_util.parse_stall_timeout("auto") == "auto" and mpi_util.parse_stall_timeout(" 0 ") is None
+    assert mpi_util.parse_stall_timeout("2.5") == 2.5
+    with pytest.raises(ValueError, match="--stall_timeout must be 'auto'"):
+        mpi_util.parse_stall_timeout("inf", "--stall_timeout")

@@ -101,6 +101,24 @@ def test_stall_error_names_the_missing_rank_on_the_other_host(two_hosts, launche
     assert no_process_left(two_hosts) == []
 
 
+def test_rank_0_sees_far_progress_stop_and_names_the_rank_in_seconds(two_hosts, launcher, tmp_path):
+    started = time.monotonic()
+    code, _, err = across(two_hosts, launcher, [str(SCRIPTS / "multihost_cases.py"), str(tmp_path), "far_hang"], 60)
+    assert code != 0
+    assert time.monotonic() - started < 30  # the start-up allowance is 60 s: only the progress messages tell
+    assert re.search(r"rank 0 \(on hostA\): no progress for [23] s in step \(collective #1\): rank 3 \(on hostB\) "
+                     r"has not arrived \(no progress for [23] s\)", err), err[-3000:]
+    assert no_process_left(two_hosts) == []
+
+
+def test_a_slow_far_rank_that_advances_is_not_blamed(two_hosts, launcher, tmp_path):
+    # Each meet waits about 7 s for rank 3, over twice the 3 s limit.
+    code, _, err = across(two_hosts, launcher, [str(SCRIPTS / "multihost_cases.py"), str(tmp_path), "far_slow"], 90)
+    assert code == 0, err[-3000:]
+    assert all((tmp_path / f"far_slow_{r}.json").exists() for r in range(2 * RANKS_PER_HOST))
+    assert no_process_left(two_hosts) == []
+
+
 def test_exception_on_the_far_host_ends_the_job_with_its_traceback(two_hosts, launcher, tmp_path):
     code, _, err = across(two_hosts, launcher, [str(SCRIPTS / "multihost_cases.py"), str(tmp_path), "raise"], 60)
     assert code != 0

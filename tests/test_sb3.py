@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -113,6 +114,16 @@ def test_importing_the_adapter_after_sb3_with_tensorflow_loaded_says_what_to_do(
     result = run_bounded([sys.executable, "-c", code], timeout=120, cwd=REPO)
     assert result.returncode == 1
     assert "ImportError: mpi_util.sb3: import it before stable_baselines3" in result.stderr.splitlines()[-1]
+
+
+def test_parallelize_failing_on_rank_0_fails_on_every_rank(tmp_path):
+    started = time.monotonic()
+    result = mpiexec(2, "sb3_cases.py", "rank0_fails", str(tmp_path), timeout=60, check=False)
+    assert result.returncode != 0
+    assert "rank 0 raised ValueError: parallelize: the model has no env" in result.stdout, result.stdout
+    assert ("rank 1 raised RuntimeError: parallelize failed on rank 0: ValueError: parallelize: the model has no env; "
+            "pass this rank's env when building it; every rank stops here") in result.stdout, result.stdout
+    assert time.monotonic() - started < 60
 
 
 def test_parallelize_refuses_what_is_not_an_on_policy_model():

@@ -6,6 +6,11 @@ data: two rounds of rank0_accum_batches (GATHER_ROWS float32 rows of 64 per rank
 stall: a 2 s stall limit on every rank; the last rank hangs before the third meet (rank 0 enters it late, after the
   others). The job must end with an error that names the last rank and its host.
 raise: the last rank raises after one gather; the job must end with its traceback.
+far_hang: "auto" with a 2 s no-progress floor and a 60 s start-up allowance; the last rank calls heartbeat() every
+  0.1 s for 3 s, then hangs before the first meet. Rank 0, which sees its progress only through its messages, must
+  name it about 2 s after they stop, long before the allowance.
+far_slow: a fixed 3 s limit; before each of 3 meets the last rank works 7 s, calling heartbeat() every 0.1 s. Nobody
+  may blame it: rank 0 sees its messages, its host-mate its board; the others leave the judgement to rank 0.
 """
 
 import json
@@ -56,6 +61,21 @@ elif case == "stall":
         if call == 2 and rank == 0:
             time.sleep(0.5)  # the others wait first: they must leave the report to rank 0
         meet(COMM_WORLD, "step")
+elif case in ("far_hang", "far_slow"):
+    if case == "far_hang":
+        mpi_util.stall.AUTO_FLOOR_S = 2.0
+        mpi_util.set_stall_timeout("auto", startup_s=60.0)
+    else:
+        mpi_util.set_stall_timeout(3.0)
+    for _ in range(1 if case == "far_hang" else 3):
+        if rank == last:
+            for _ in range(30 if case == "far_hang" else 70):
+                time.sleep(0.1)  # a slow env step
+                mpi_util.heartbeat()
+            if case == "far_hang":
+                time.sleep(3600)  # hung in the next step
+        meet(COMM_WORLD, "step")
+    (out_dir / f"far_slow_{rank}.json").write_text(json.dumps({"calls": 3}))
 elif case == "raise":
     mpi_util.rank0_accum_batches({"x": np.zeros(3)})
     if rank == last:

@@ -51,6 +51,20 @@ def one_process(out: Path) -> None:
               f"{parallel.num_timesteps}", flush=True)
 
 
+def rank0_fails(out: Path) -> None:
+    """Rank 0 hands parallelize a model with no env (its set-up failed), rank 1 a good one; no stall limit, so only
+    parallelize's agreement can end rank 1's wait. Each rank prints what it raised."""
+    mpi_util.set_stall_timeout(None)
+    model = build("ppo", 1, seed=3)
+    if mpi_util.rank == 0:
+        model.env = None
+    try:
+        parallelize(model)
+    except Exception as error:
+        print(f"rank {mpi_util.rank} raised {type(error).__name__}: {error}", flush=True)
+        raise
+
+
 def two_ranks(out: Path) -> None:
     rank = mpi_util.rank
     for algo, (_, kwargs) in ALGOS.items():
@@ -73,4 +87,4 @@ def two_ranks(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    {"one_process": one_process, "two_ranks": two_ranks}[sys.argv[1]](Path(sys.argv[2]))
+    {"one_process": one_process, "two_ranks": two_ranks, "rank0_fails": rank0_fails}[sys.argv[1]](Path(sys.argv[2]))
