@@ -269,6 +269,8 @@ class StallWatch:
                 suspects = self._suspects(sequence, started, now, late)
                 blamed = [s for s in suspects if s.silent_s >= self._allowed_s(s, warm_up) + extra_s
                           and not (s.blind and rank0_judges)]
+                if blamed and done():  # the last rank arrived while its lateness was being judged
+                    break
                 if blamed:
                     raise CollectiveStallError(self._message(what, sequence, now - started, None, suspects, blamed,
                                                              note))
