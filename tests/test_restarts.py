@@ -1,0 +1,105 @@
+"""What the launching process does when its job goes wrong, under a real mpiexec: it names a killed rank and its
+host, restarts the run from its newest checkpoint (--max_restarts), removes the /dev/shm files the ranks mapped,
+and refuses more processes than the host allows before starting any."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO, SCRIPTS, run_bounded
+from test_reliability import FAULTY, assert_no_process_left
+from test_train import TRAIN, progress
+
+
+def killed_run(tmp_path: Path, max_restarts: int, total_steps: int = 100_000) -> subprocess.CompletedProcess:
+    """3 ranks of the faulty env, checkpoint every iteration; rank 1 kills itself (SIGKILL) once, 176 steps into
+    iteration 3, after iteration 2's checkpoint is on disk, having written its pid and mapped /dev/shm files."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    env = {"FAULT_KIND": "kill", "FAULT_RANK": "1", "FAULT_AT_STEP": "1200", "FAULT_REPORT_DIR": str(reports),
+           "FAULT_ONCE_MARKER": str(tmp_path / "killed_once"),
+           "FAULT_AFTER_FILE": str(tmp_path / "runs" / "*" / "checkpoints" / "ckpt_00000002.pkl")}
+    return run_bounded([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536", "--total_steps",
+                        str(total_steps), "--checkpoint_every", "1", "--max_restarts", str(max_restarts),
+                        "--logdir", str(tmp_path / "runs")], timeout=240, env=env)
+
+
+def killed_rank_report(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "reports" / "killed_1.json").read_text())
+
+
+def test_killed_rank_is_named_with_its_host_and_its_shared_memory_removed(tmp_path):
+    result = killed_run(tmp_path, max_restarts=0)
+    assert result.returncode != 0
+    killed = killed_rank_report(tmp_path)
+    assert (f"mpi_util: rank 1 (on host {socket.gethostname()}, pid {killed['pid']}) was killed by signal 9 "
+            f"(SIGKILL)") in result.stderr, result.stderr[-3000:]
+    # The job's own file (MPICH's, mapped by every rank since start-up), not just any: other jobs share /dev/shm.
+    assert killed["shm"], "the killed rank had no /dev/shm file mapped: nothing to check"
+    assert not [path for path in killed["shm"] if os.path.exists(path)]
+    assert_no_process_left(tmp_path)
+
+
+def test_killed_rank_restarts_from_newest_checkpoint_and_run_ends_with_its_budget(tmp_path):
+    budget = 6 * 1536
+    result = killed_run(tmp_path, max_restarts=1, total_steps=budget)
+    assert result.returncode == 0, result.stderr[-3000:]
+    killed = killed_rank_report(tmp_path)
+    restarts = [line for line in result.stderr.splitlines() if "restarting" in line]
+    assert restarts == [f"train.py: rank 1 (on host {socket.gethostname()}, pid {killed['pid']}) was killed by "
+                        "signal 9 (SIGKILL); restarting from checkpoint ckpt_00000002 (restart 1 of 1)"], \
+        result.stderr[-3000:]
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert "resuming" in result.stdout and "from ckpt_00000002.pkl: iteration 2" in result.stdout
+    rows = progress(run_dir)
+    assert [int(row["iteration"]) for row in rows] == [1, 2, 3, 4, 5, 6]
+    assert int(rows[-1]["total_steps"]) == budget
+    assert not [path for path in killed["shm"] if os.path.exists(path)]
+    assert_no_process_left(tmp_path)
+
+
+def test_restarts_end_when_used_up(tmp_path):
+    # Without the once-marker the fault comes back on every run: one restart, then the run ends, saying so.
+    env = {"FAULT_KIND": "kill", "FAULT_RANK": "1", "FAULT_AT_STEP": "200"}
+    result = run_bounded([sys.executable, TRAIN, FAULTY, "--nprocs", "2", "--batch_size", "1024", "--total_steps",
+                          "100000", "--max_restarts", "1", "--logdir", str(tmp_path)], timeout=240, env=env)
+    assert result.returncode != 0
+    assert result.stderr.count("restarting from the start (no checkpoint yet) (restart 1 of 1)") == 1, \
+        result.stderr[-3000:]
+    assert "was killed by signal 9 (SIGKILL); no restarts left (1 made)" in result.stderr
+    assert_no_process_left(tmp_path)
+
+
+def lower_process_limit(limit: int) -> None:
+    """In the child before exec: a soft RLIMIT_NPROC of ``limit`` (as ``prlimit --nproc=LIMIT:`` would)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    resource.setrlimit(resource.RLIMIT_NPROC, (limit, hard))
+
+
+def test_more_processes_than_the_limit_are_refused_in_one_line(tmp_path):
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, TRAIN, "CartPole-v1", "--nprocs", "50", "--logdir", str(tmp_path)],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=60, preexec_fn=lambda: lower_process_limit(20))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "train.py: error: 50 processes requested, but this user may run at most 20 (ulimit -u): ask for at most 20, "
+        "or raise the limit"], proc.stderr[-3000:]
+    assert time.monotonic() - started < 30
+    assert_no_process_left(tmp_path)
+
+
+def test_more_than_four_ranks_per_cpu_warn_once():
+    # One CPU for the job (as a scheduler's CPU set would give), five ranks of a small mpi_util job.
+    result = run_bounded(["taskset", "-c", "0", sys.executable, str(SCRIPTS / "fork_job.py"), "5"], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert warnings == ["mpi_util: warning: 5 processes on 1 CPU (more than 4 per CPU): each waits its turn for a "
+                        "CPU and every iteration waits for the slowest; fewer processes are likely faster"]
