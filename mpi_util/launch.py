@@ -13,7 +13,15 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 from .process import COMM_WORLD, install_abort_on_exception, mpi_library_is_open_mpi, settle_local_rank
-from .supervise import JOB_DIR_VARIABLE, JobFailure, JobWatch, check_process_room, oversubscription_warning, record_rank
+from .supervise import (
+    JOB_DIR_VARIABLE,
+    JobFailure,
+    JobWatch,
+    check_process_room,
+    oversubscription_warning,
+    record_rank,
+    release_own_shared_memory,
+)
 
 # Set by mpiexec / mpirun / srun in every rank they start (MPICH Hydra, Open MPI, PMIx, Slurm's PMI).
 _LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID")
@@ -239,8 +247,11 @@ def mpi_fork(
         if mpi_library_is_open_mpi() and threading.current_thread() is threading.main_thread():
             translate_open_mpi_stand_in_signals()
         record_rank(COMM_WORLD.Get_rank())
+        if COMM_WORLD.Get_size() == 1:
+            release_own_shared_memory()
         return ForkResult("child")
     if n == 1:
+        release_own_shared_memory()
         return ForkResult("child")
     if hostfile is None and not any(arg.split("=")[0] in _HOST_FLAGS for arg in mpiexec_args):
         check_process_room(n)

@@ -69,6 +69,21 @@ def mapped_shared_memory() -> list[str]:
     return sorted(paths)
 
 
+def release_own_shared_memory() -> list[str]:
+    """In a job of one process: unlink the /dev/shm file MPICH made for it at start-up (mapped, it stays usable).
+    No other process ever attaches to it, and if this one is killed it would stay behind (1 MB), with no launcher
+    to remove it. Returns the paths removed."""
+    removed = []
+    for path in mapped_shared_memory():
+        if os.path.basename(path).startswith("mpich_shm_"):
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
 def record_rank(rank: int) -> None:
     """In a rank that mpi_fork started: record (rank, host, pid, mapped /dev/shm files) for the launching process,
     and note at exit that this rank ended through Python. Does nothing outside such a job, or where the directory

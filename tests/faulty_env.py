@@ -8,7 +8,7 @@ others waiting in the window's creation until killed). FAULT_AFTER_FILE (a glob)
 60 s, until a file matching it exists before it fails: a checkpoint the test expects to survive is then complete,
 instead of racing the failure. FAULT_ONCE_MARKER (a path) makes the fault happen once: the rank creates the file
 as it fails, and fails no more while it exists. FAULT_KIND=kill with FAULT_REPORT_DIR writes the rank's pid and the
-/dev/shm files it has mapped to FAULT_REPORT_DIR/killed_RANK.json first.
+/dev/shm files it has mapped (named or not) to FAULT_REPORT_DIR/killed_RANK.json first.
 FAULT_KIND=report_modules makes every rank write, at its first step, which of tensorflow, keras and torch it has
 imported and its resident memory to FAULT_REPORT_DIR/modules_RANK.json. Without FAULT_KIND it is a plain Pendulum-v1.
 """
@@ -23,8 +23,6 @@ import time
 from pathlib import Path
 
 import gymnasium
-
-import mpi_util.supervise
 
 # A rank's world rank as its launcher gives it: MPICH's hydra (and Slurm's PMI) set PMI_RANK, Open MPI sets
 # OMPI_COMM_WORLD_RANK; neither in the process that mpi_fork relaunches.
@@ -69,7 +67,9 @@ class FaultyPendulum(gymnasium.Wrapper):
                 Path(once).write_text(str(os.getpid()))
             if kind == "kill":
                 if os.environ.get("FAULT_REPORT_DIR"):  # what the test needs to find this rank's leftovers
-                    report = {"pid": os.getpid(), "shm": mpi_util.supervise.mapped_shared_memory()}
+                    mapped = {line.split(maxsplit=5)[5].strip() for line in Path("/proc/self/maps").read_text()
+                              .splitlines() if " /dev/shm/" in line}  # "PATH" or "PATH (deleted)" when unnamed
+                    report = {"pid": os.getpid(), "shm": sorted(mapped)}
                     (Path(os.environ["FAULT_REPORT_DIR"]) / f"killed_{rank}.json").write_text(json.dumps(report))
                 os.kill(os.getpid(), signal.SIGKILL)
             if kind == "hang":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -31,8 +32,15 @@ def killed_run(tmp_path: Path, max_restarts: int, total_steps: int = 100_000) ->
                         "--logdir", str(tmp_path / "runs")], timeout=240, env=env)
 
 
-def killed_rank_report(tmp_path: Path) -> dict:
-    return json.loads((tmp_path / "reports" / "killed_1.json").read_text())
+def killed_rank_report(tmp_path: Path, rank: int = 1) -> dict:
+    """The killed rank's pid and what it had mapped under /dev/shm: "PATH", or "PATH (deleted)" when unnamed."""
+    return json.loads((tmp_path / "reports" / f"killed_{rank}.json").read_text())
+
+
+def left_in_shared_memory(mapped: list[str]) -> list[str]:
+    """Which of the files a killed rank had mapped under /dev/shm are still there. Only those: other jobs on this
+    machine keep their own files there."""
+    return [path for path in (entry.removesuffix(" (deleted)") for entry in mapped) if os.path.exists(path)]
 
 
 def test_killed_rank_is_named_with_its_host_and_its_shared_memory_removed(tmp_path):
@@ -41,9 +49,9 @@ def test_killed_rank_is_named_with_its_host_and_its_shared_memory_removed(tmp_pa
     killed = killed_rank_report(tmp_path)
     assert (f"mpi_util: rank 1 (on host {socket.gethostname()}, pid {killed['pid']}) was killed by signal 9 "
             f"(SIGKILL)") in result.stderr, result.stderr[-3000:]
-    # The job's own file (MPICH's, mapped by every rank since start-up), not just any: other jobs share /dev/shm.
-    assert killed["shm"], "the killed rank had no /dev/shm file mapped: nothing to check"
-    assert not [path for path in killed["shm"] if os.path.exists(path)]
+    # MPICH's file for the job, mapped by every rank since start-up, had a name when the rank was killed.
+    assert [entry for entry in killed["shm"] if not entry.endswith(" (deleted)")], killed
+    assert left_in_shared_memory(killed["shm"]) == []
     assert_no_process_left(tmp_path)
 
 
@@ -61,8 +69,21 @@ def test_killed_rank_restarts_from_newest_checkpoint_and_run_ends_with_its_budge
     rows = progress(run_dir)
     assert [int(row["iteration"]) for row in rows] == [1, 2, 3, 4, 5, 6]
     assert int(rows[-1]["total_steps"]) == budget
-    assert not [path for path in killed["shm"] if os.path.exists(path)]
+    assert left_in_shared_memory(killed["shm"]) == []
     assert_no_process_left(tmp_path)
+
+
+def test_killed_single_process_run_leaves_no_shared_memory(tmp_path):
+    # One process has no launcher to clean up after it: MPICH's file for it loses its name at start-up.
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    env = {"FAULT_KIND": "kill", "FAULT_RANK": "0", "FAULT_AT_STEP": "100", "FAULT_REPORT_DIR": str(reports)}
+    result = run_bounded([sys.executable, TRAIN, FAULTY, "--nprocs", "1", "--total_steps", "100000", "--logdir",
+                          str(tmp_path / "runs")], timeout=120, env=env)
+    assert result.returncode == -9
+    killed = killed_rank_report(tmp_path, rank=0)
+    assert [entry for entry in killed["shm"] if entry.startswith("/dev/shm/mpich_shm_")], killed
+    assert left_in_shared_memory(killed["shm"]) == []
 
 
 def test_restarts_end_when_used_up(tmp_path):
@@ -103,3 +124,28 @@ def test_more_than_four_ranks_per_cpu_warn_once():
     warnings = [line for line in result.stderr.splitlines() if "warning" in line]
     assert warnings == ["mpi_util: warning: 5 processes on 1 CPU (more than 4 per CPU): each waits its turn for a "
                         "CPU and every iteration waits for the slowest; fewer processes are likely faster"]
+
+
+def test_no_restart_after_the_user_stops_the_job(tmp_path):
+    # Rank 1 hangs in iteration 2, so the stop asked for after iteration 1 cannot finish; a second SIGTERM stops the
+    # job at once, with a nonzero status. That is the user's stop, not a failure to restart from.
+    env = dict(os.environ, PYTHONPATH=str(REPO), FAULT_KIND="hang", FAULT_RANK="1", FAULT_AT_STEP="700")
+    job = subprocess.Popen([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536",
+                            "--checkpoint_every", "1", "--total_steps", "100000", "--max_restarts", "2",
+                            "--logdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env=env)
+    try:
+        for line in job.stdout:  # iteration 1 logged: rank 1 will hang in iteration 2
+            if line.split()[:1] == ["1"]:
+                break
+        job.send_signal(signal.SIGTERM)
+        for line in job.stdout:
+            if line.startswith("received signal 15"):
+                break
+        job.send_signal(signal.SIGTERM)
+        _, stderr = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode != 0
+    assert "restarting" not in stderr, stderr[-3000:]
+    assert_no_process_left(tmp_path)
