@@ -247,11 +247,9 @@ def mpi_fork(
         if mpi_library_is_open_mpi() and threading.current_thread() is threading.main_thread():
             translate_open_mpi_stand_in_signals()
         record_rank(COMM_WORLD.Get_rank())
-        if COMM_WORLD.Get_size() == 1:
-            release_own_shared_memory()
         return ForkResult("child")
+    release_own_shared_memory()
     if n == 1:
-        release_own_shared_memory()
         return ForkResult("child")
     if hostfile is None and not any(arg.split("=")[0] in _HOST_FLAGS for arg in mpiexec_args):
         check_process_room(n)

@@ -70,12 +70,13 @@ def mapped_shared_memory() -> list[str]:
 
 
 def release_own_shared_memory() -> list[str]:
-    """In a job of one process: unlink the /dev/shm file MPICH made for it at start-up (mapped, it stays usable).
-    No other process ever attaches to it, and if this one is killed it would stay behind (1 MB), with no launcher
-    to remove it. Returns the paths removed."""
+    """In a process that started MPI alone (no launcher: a one-process run, or mpi_fork's launching process), unlink
+    the /dev/shm file its MPI made for it at start-up; mapped, it stays usable, and no other process attaches to it.
+    Else it outlives the process: MPICH's (1 MB) when the process is killed, Open MPI 5's (16 MB) at every exit.
+    Returns the paths removed."""
     removed = []
     for path in mapped_shared_memory():
-        if os.path.basename(path).startswith("mpich_shm_"):
+        if os.path.basename(path).startswith(("mpich_shm_", "sm_segment.")):
             try:
                 os.unlink(path)
                 removed.append(path)
@@ -176,12 +177,14 @@ class JobWatch:
 
     def _watch(self) -> None:
         """Until told to stop: open a pidfd for each rank on this host as it records itself, and wait for the first
-        to end. The ranks record themselves within their first second; until all have, look for new records every
-        0.2 s, then wait without polling."""
+        to end. Until every rank has recorded itself, look for new records every 20 ms (a rank may die within its
+        first second), from 10 s on every second (ranks on other hosts may never be seen); then wait without polling.
+        """
         poller = select.poll()
         poller.register(self._wake_read, select.POLLIN)
         pidfds: dict[int, int] = {}
         watched: set[int] = set()
+        started = time.monotonic()
         try:
             while True:
                 gone = []
@@ -199,7 +202,8 @@ class JobWatch:
                             return
                         pidfds[fd] = rank
                         poller.register(fd, select.POLLIN)
-                events = poller.poll(200 if len(watched) < self.n else None)
+                looking = len(watched) < self.n
+                events = poller.poll((20 if time.monotonic() < started + 10 else 1000) if looking else None)
                 if any(fd == self._wake_read for fd, _ in events):
                     return
                 gone += [pidfds[fd] for fd, _ in events if fd in pidfds]
@@ -235,18 +239,23 @@ class JobWatch:
         if aborted:
             return f"{self._where([aborted[0][1]], records)} aborted the job (exit status {returncode})"
         first = self.ended_first
+        elsewhere = sorted({record["host"] for record in records.values() if record["host"] != self.host})
+        unrecorded = sorted(set(range(self.n)) - set(records))
+        # mpiexec kills the other ranks (SIGKILL) once one has ended: this host's first may be a rank killed so.
+        caveat = (f"; ranks on {', '.join(elsewhere)} cannot be watched from this host and may have ended first"
+                  if elsewhere else
+                  f"; rank {', '.join(map(str, unrecorded))} did not say where it runs (another host without a shared "
+                  "filesystem, or it ended before calling mpi_fork)" if unrecorded else "")
         if first:
             signum = _signal_in_status(returncode)
             if all(rank in notes for rank in first):
-                return f"{self._where(first, records)} exited first (exit status {returncode})"
-            if signum is not None:
-                return f"{self._where(first, records)} was killed by signal {signum} ({_signal_name(signum)})"
-            return f"{self._where(first, records)} ended without exiting (exit status {returncode})"
-        elsewhere = sorted({record["host"] for record in records.values() if record["host"] != self.host})
-        unrecorded = sorted(set(range(self.n)) - set(records))
-        hint = (f"; ranks on other hosts ({', '.join(elsewhere)}) ended it" if elsewhere else
-                f"; rank {', '.join(map(str, unrecorded))} on another host or not started" if unrecorded else "")
-        return f"the job ended with exit status {returncode}{hint}"
+                how = f"exited first (exit status {returncode})"
+            elif signum is not None:
+                how = f"was killed by signal {signum} ({_signal_name(signum)})"
+            else:
+                how = f"ended without exiting (exit status {returncode})"
+            return f"{self._where(first, records)} {how}{caveat}"
+        return f"the job ended with exit status {returncode}{caveat}"
 
     def remove_shared_memory(self) -> list[str]:
         """Remove the /dev/shm files that ranks on this host mapped and that the job created (not there before it
