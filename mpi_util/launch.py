@@ -246,7 +246,7 @@ def mpi_fork(
         settle_local_rank()
         if mpi_library_is_open_mpi() and threading.current_thread() is threading.main_thread():
             translate_open_mpi_stand_in_signals()
-        record_rank(COMM_WORLD.Get_rank())
+        record_rank(COMM_WORLD.Get_rank(), lambda record: COMM_WORLD.gather(record, root=0))
         return ForkResult("child")
     release_own_shared_memory()
     if n == 1:

@@ -2,9 +2,10 @@
 how, the shared memory the ranks mapped (removed after the job), and whether this host can run that many processes.
 
 Each rank records itself (rank, host, pid, the /dev/shm files it has mapped) in a directory the launching process
-names in MPI_UTIL_JOB_DIR; a rank that ends through Python or ``abort`` also leaves a note. The launching process
-watches the ranks on its own host through pidfds, so that after the job it knows which rank ended first: mpiexec
-itself names only a process id ("BAD TERMINATION ... PID 11389 ... EXIT CODE: 9").
+names in MPI_UTIL_JOB_DIR (rank 0 writes every rank's, for hosts that do not share it); a rank that ends through
+Python or ``abort`` also leaves a note. Each rank on the launching process's host keeps a connection to it open for
+its whole life, so that after the job the launching process knows which rank ended first: mpiexec itself names only
+a process id ("BAD TERMINATION ... PID 11389 ... EXIT CODE: 9").
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,8 @@ _SHARED_MEMORY = "/dev/shm"
 RANKS_PER_CPU_WARNING = 4
 
 _recorded_rank: int | None = None
+_watch_connection: socket.socket | None = None  # held open for this rank's life
+WATCH_SOCKET = "watch.sock"
 
 
 @dataclass(frozen=True)
@@ -85,21 +89,44 @@ def release_own_shared_memory() -> list[str]:
     return removed
 
 
-def record_rank(rank: int) -> None:
+def record_rank(rank: int, gather: Callable[[dict], list[dict] | None] | None = None) -> None:
     """In a rank that mpi_fork started: record (rank, host, pid, mapped /dev/shm files) for the launching process,
-    and note at exit that this rank ended through Python. Does nothing outside such a job, or where the directory
-    is not there (a rank on another host, without a shared filesystem)."""
+    and note at exit that this rank ended through Python. ``gather`` (every rank's record to rank 0; a collective,
+    so every rank passes one or none does) lets rank 0 write the others' records too, for ranks on hosts that do
+    not share the directory. Does nothing outside such a job; a rank that cannot write the directory is skipped."""
     global _recorded_rank
     directory = os.environ.get(JOB_DIR_VARIABLE)
     if not directory or _recorded_rank is not None:
         return
+    mine = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "shm": mapped_shared_memory()}
     try:
-        _write_json(Path(directory) / f"rank_{rank}.json", {"rank": rank, "host": socket.gethostname(),
-                                                            "pid": os.getpid(), "shm": mapped_shared_memory()})
+        _write_json(Path(directory) / f"rank_{rank}.json", mine)
+        _recorded_rank = rank
+        atexit.register(note_exit, "exited")
+        _connect_to_watch(Path(directory) / WATCH_SOCKET, rank)
     except OSError:
+        pass  # another host, without this directory: rank 0 writes this record
+    everyone = gather(mine) if gather is not None else None
+    for record in everyone or []:
+        if record["rank"] != rank:
+            try:
+                _write_json(Path(directory) / f"rank_{record['rank']}.json", record)
+            except OSError:
+                return
+
+
+def _connect_to_watch(path: Path, rank: int) -> None:
+    """Connect to the launching process's watch socket and say which rank this is; the connection stays open for
+    as long as this process lives, and its closing tells the launching process that the rank has ended."""
+    global _watch_connection
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(str(path))
+        connection.sendall(f"{rank}\n".encode())
+    except OSError:
+        connection.close()
         return
-    _recorded_rank = rank
-    atexit.register(note_exit, "exited")
+    _watch_connection = connection
 
 
 def note_exit(how: str) -> None:
@@ -142,10 +169,17 @@ class JobWatch:
         self.directory = Path(tempfile.mkdtemp(prefix="mpi_util_job_"))
         self._shared_before = self._shared_memory_names()
         self.ended_first: list[int] = []
-        """The rank(s) on this host seen to end first (several when they ended before the watcher looked)."""
+        """The rank(s) on this host seen to end first (several when they ended at once)."""
         self._wake_read, self._wake_write = os.pipe()
-        self._thread: threading.Thread | None = threading.Thread(target=self._watch, name="mpi_util-job-watch",
-                                                                 daemon=True)
+        self._thread: threading.Thread | None = None
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(self.directory / WATCH_SOCKET))
+            listener.listen(max(n, 16))
+        except OSError:  # a TMPDIR path too long for a socket's name, say: the ranks are then not named
+            listener.close()
+            return
+        self._thread = threading.Thread(target=self._watch, args=(listener,), name="mpi_util-job-watch", daemon=True)
         self._thread.start()
 
     @staticmethod
@@ -175,54 +209,51 @@ class JobWatch:
                 continue
         return notes
 
-    def _watch(self) -> None:
-        """Until told to stop: open a pidfd for each rank on this host as it records itself, and wait for the first
-        to end. Until every rank has recorded itself, look for new records every 20 ms (a rank may die within its
-        first second), from 10 s on every second (ranks on other hosts may never be seen); then wait without polling.
+    def _watch(self, listener: socket.socket) -> None:
+        """Until told to stop: accept each local rank's connection (its rank number comes first) and wait for the
+        first to close. A rank's sockets close as it dies, before the launcher can learn of it (the launcher learns
+        from its pipes and sockets closing) and kill the others, so the first to close is the rank that ended first.
         """
-        poller = select.poll()
-        poller.register(self._wake_read, select.POLLIN)
-        pidfds: dict[int, int] = {}
-        watched: set[int] = set()
-        started = time.monotonic()
+        connections: dict[socket.socket, int | None] = {}
         try:
             while True:
-                gone = []
-                if len(watched) < self.n:
-                    for rank, record in self.ranks().items():
-                        if rank in watched or record["host"] != self.host:
-                            continue
-                        watched.add(rank)
-                        try:
-                            fd = os.pidfd_open(record["pid"])
-                        except ProcessLookupError:
-                            gone.append(rank)
-                            continue
-                        except (OSError, AttributeError):  # no pidfds (Linux before 5.3): no rank can be named
-                            return
-                        pidfds[fd] = rank
-                        poller.register(fd, select.POLLIN)
-                looking = len(watched) < self.n
-                events = poller.poll((20 if time.monotonic() < started + 10 else 1000) if looking else None)
-                if any(fd == self._wake_read for fd, _ in events):
+                readable, _, _ = select.select([self._wake_read, listener, *connections], [], [])
+                if self._wake_read in readable:
                     return
-                gone += [pidfds[fd] for fd, _ in events if fd in pidfds]
-                if gone:
-                    self.ended_first = sorted(gone)
+                if listener in readable:
+                    connection, _ = listener.accept()
+                    connections[connection] = None
+                ended = []
+                for connection in readable:
+                    if connection in connections:
+                        data = connection.recv(64)
+                        if data:
+                            connections[connection] = int(data.split(b"\n")[0])
+                            continue
+                        rank = connections.pop(connection)
+                        connection.close()
+                        if rank is not None:
+                            ended.append(rank)
+                if ended:
+                    self.ended_first = sorted(ended)
                     return
+        except (OSError, ValueError):
+            return
         finally:
-            for fd in pidfds:
-                os.close(fd)
+            listener.close()
+            for connection in connections:
+                connection.close()
 
     def stop(self) -> None:
         """The job has ended: stop watching (again: nothing)."""
-        if self._thread is None:
+        if self._wake_write < 0:
             return
         os.write(self._wake_write, b"x")
-        self._thread.join(timeout=5)
-        self._thread = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
         os.close(self._wake_read)
         os.close(self._wake_write)
+        self._wake_write = -1
 
     def _where(self, ranks: list[int], records: dict[int, dict]) -> str:
         names = " or ".join(str(r) for r in ranks)
@@ -242,8 +273,10 @@ class JobWatch:
         elsewhere = sorted({record["host"] for record in records.values() if record["host"] != self.host})
         unrecorded = sorted(set(range(self.n)) - set(records))
         # mpiexec kills the other ranks (SIGKILL) once one has ended: this host's first may be a rank killed so.
-        caveat = (f"; ranks on {', '.join(elsewhere)} cannot be watched from this host and may have ended first"
-                  if elsewhere else
+        far = ", ".join(f"rank {r} on {record['host']} pid {record['pid']}" for r, record in sorted(records.items())
+                        if record["host"] != self.host)
+        caveat = (f"; ranks on other hosts cannot be watched from here and may have ended first ({far}; mpiexec "
+                  "names the process id that ended first)" if elsewhere else
                   f"; rank {', '.join(map(str, unrecorded))} did not say where it runs (another host without a shared "
                   "filesystem, or it ended before calling mpi_fork)" if unrecorded else "")
         if first:
@@ -253,7 +286,7 @@ class JobWatch:
             elif signum is not None:
                 how = f"was killed by signal {signum} ({_signal_name(signum)})"
             else:
-                how = f"ended without exiting (exit status {returncode})"
+                how = f"ended abruptly, not through Python (mpiexec's exit status {returncode} names no signal)"
             return f"{self._where(first, records)} {how}{caveat}"
         return f"the job ended with exit status {returncode}{caveat}"
 
