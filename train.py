@@ -19,6 +19,7 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -121,6 +122,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mpiexec_args", type=str, metavar="ARGS", default=None,
                         help="extra arguments for the mpiexec that --nprocs starts, as one quoted string after '=', "
                              "e.g. --mpiexec_args='--bind-to none'; ignored under a launcher")
+    parser.add_argument("--max_restarts", type=int, metavar="K", default=0,
+                        help="when a process dies (killed, out of memory, a lost host), run the job again from the "
+                             "newest checkpoint, at most K times; ignored under a launcher (default: %(default)s)")
     parser.add_argument("--gpu_pct", type=float,
                         help="fraction of GPU memory for rank 0, the one process that runs TensorFlow, in [0, 1]; "
                              f"0 grows as needed; ignored without a GPU (default: {_default('gpu_pct')})")
@@ -296,7 +300,25 @@ def launch_settings(args: argparse.Namespace, nprocs: int) -> dict:
         if nprocs < 2 and not mpi_util.under_mpi_launcher():
             raise ValueError("--hostfile needs --nprocs N with N >= 2 (the processes to spread over the hosts)")
         settings["hostfile"] = args.hostfile
+    if args.max_restarts < 0:
+        raise ValueError(f"--max_restarts must be at least 0, got {args.max_restarts}")
+    settings["max_restarts"] = args.max_restarts
     return settings
+
+
+def restart_from_newest_checkpoint(run_dir: Path) -> Callable[[mpi_util.JobFailure], list[str]]:
+    """mpi_fork's on_failure for --max_restarts: this command again, resuming RUN_DIR from its newest checkpoint
+    (or from the start when it has none yet; the run directory stays the same), said in one line."""
+    def restart(failure: mpi_util.JobFailure) -> list[str]:
+        from algos.checkpoint import list_checkpoints
+
+        kept = list_checkpoints(run_dir / "checkpoints")
+        print(f"train.py: {failure.cause}; restarting "
+              + (f"from checkpoint {kept[-1].stem}" if kept else "from the start (no checkpoint yet)")
+              + f" (restart {failure.restart} of {failure.max_restarts})", file=sys.stderr, flush=True)
+        return [*sys.argv[1:], "--resume", str(run_dir)] if kept else sys.argv[1:]
+
+    return restart
 
 
 def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
@@ -446,7 +468,12 @@ def main() -> int:
     os.environ[_RUN_DIR_VARIABLE] = str(run_dir)
     os.environ[_TTY_VARIABLE] = "1" if mpi_util.stdout_is_terminal() else "0"
     set_thread_defaults()
-    fork = mpi_util.mpi_fork(config.nprocs, config.gpu_pct, **launch)
+    try:
+        fork = mpi_util.mpi_fork(config.nprocs, config.gpu_pct, on_failure=restart_from_newest_checkpoint(run_dir),
+                                 **launch)
+    except ValueError as error:  # more processes than this host allows
+        print(f"train.py: error: {error}", file=sys.stderr)
+        return 2
     if fork == "parent":
         return fork.returncode
     return train(config, run_dir, resuming)  # one process: this is the only rank

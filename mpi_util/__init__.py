@@ -29,11 +29,13 @@ from .process import abort, install_abort_on_exception, local_rank, nworkers, pr
 from .reduce import all_mean, all_sum
 from .seeding import rank_seed, set_global_seeds
 from .stall import CollectiveStallError, heartbeat, parse_stall_timeout, set_stall_timeout, stall_deadline
+from .supervise import JobFailure
 
 __all__ = [
     "BatchMismatchError",
     "CollectiveStallError",
     "ForkResult",
+    "JobFailure",
     "MpiexecNotFoundError",
     "SharedBudget",
     "WeightMismatchError",

@@ -9,10 +9,19 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from .process import COMM_WORLD, install_abort_on_exception, mpi_library_is_open_mpi, settle_local_rank
+from .supervise import (
+    JOB_DIR_VARIABLE,
+    JobFailure,
+    JobWatch,
+    check_process_room,
+    oversubscription_warning,
+    record_rank,
+    release_own_shared_memory,
+)
 
 # Set by mpiexec / mpirun / srun in every rank they start (MPICH Hydra, Open MPI, PMIx, Slurm's PMI).
 _LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID")
@@ -104,16 +113,18 @@ def find_mpiexec() -> str:
     )
 
 
-def _this_program() -> list[str]:
-    """How to start the running program again: ``script.py ARGS`` or, when it was started as ``python -m
-    package.module``, ``-m package.module ARGS`` (run as a file, its relative imports would fail)."""
+def _this_program(args: Sequence[str] | None = None) -> list[str]:
+    """How to start the running program again with ``args`` (default: its own arguments): ``script.py ARGS`` or,
+    when it was started as ``python -m package.module``, ``-m package.module ARGS`` (run as a file, its relative
+    imports would fail)."""
+    args = sys.argv[1:] if args is None else list(args)
     main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if main_spec is not None and main_spec.name:
-        return ["-m", main_spec.name.removesuffix(".__main__"), *sys.argv[1:]]
+        return ["-m", main_spec.name.removesuffix(".__main__"), *args]
     if not sys.argv or not sys.argv[0] or sys.argv[0] == "-c":
         raise RuntimeError("mpi_fork: relaunching needs a script file or a module; run `python your_script.py` or "
                            "`python -m your.module`, not `python -c`")
-    return list(sys.argv)
+    return [sys.argv[0], *args]
 
 
 def _terminate_with_parent() -> None:
@@ -185,6 +196,8 @@ def mpi_fork(
     mpiexec_args: Sequence[str] = (),
     mpiexec: str | None = None,
     hostfile: str | None = None,
+    max_restarts: int = 0,
+    on_failure: Callable[[JobFailure], Sequence[str] | None] | None = None,
 ) -> ForkResult:
     """Relaunch the running script as ``n`` MPI ranks and wait for them.
 
@@ -208,6 +221,15 @@ def mpi_fork(
     variables ranks on other hosts need are added; MPICH needs none of it. Ctrl-C / SIGTERM to the parent are
     passed on to the job (under Open MPI as SIGUSR1 / SIGUSR2, which every rank turns back into SIGINT / SIGTERM:
     Open MPI's mpiexec would kill the job at once on SIGINT / SIGTERM).
+
+    When the job fails, one line on stderr names the rank that ended it and its host (mpiexec names only a process
+    id). max_restarts: relaunch a failed job up to this many times; not after a clean end, not after exit status 2
+    (a usage error, by convention), not once Ctrl-C / SIGTERM has reached this process. on_failure: called before
+    each restart with a ``JobFailure``; returns the arguments to run the script with this time (what follows the
+    script's name), or None to end without restarting; it says what it does. Default: the same arguments, said as
+    "mpi_util: <cause>; restarting (restart 1 of K)". The ranks' files that MPI leaves in /dev/shm after an abnormal
+    end are removed. ValueError, before anything starts, when ``n`` exceeds this user's process limit (ulimit -u);
+    a one-line warning when ``n`` exceeds 4 per CPU this process may use (both only for a job on this host alone).
     """
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"mpi_fork: number of processes must be an integer, got {n!r}")
@@ -217,36 +239,91 @@ def mpi_fork(
         raise ValueError(f"mpi_fork: gpu_pct must be in [0, 1] (a fraction of GPU memory), got {gpu_pct}")
     if isinstance(mpiexec_args, str):
         raise TypeError("mpi_fork: mpiexec_args must be a list of arguments (shlex.split a string first)")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"mpi_fork: max_restarts must be an integer >= 0, got {max_restarts!r}")
     if under_mpi_launcher():
         install_abort_on_exception()
         settle_local_rank()
         if mpi_library_is_open_mpi() and threading.current_thread() is threading.main_thread():
             translate_open_mpi_stand_in_signals()
+        record_rank(COMM_WORLD.Get_rank(), lambda record: COMM_WORLD.gather(record, root=0))
         return ForkResult("child")
+    release_own_shared_memory()
     if n == 1:
         return ForkResult("child")
+    if hostfile is None and not any(arg.split("=")[0] in _HOST_FLAGS for arg in mpiexec_args):
+        check_process_room(n)
+        warning = oversubscription_warning(n)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
     open_mpi = mpi_library_is_open_mpi()
+    launcher = mpiexec or find_mpiexec()
     env = dict(os.environ, MPI_UTIL_GPU_PCT=str(float(gpu_pct)))
     env[_FORKED_MARKER] = "1"
     if open_mpi:
         for name, value in OPEN_MPI_DEFAULTS.items():
             env.setdefault(name, value)
-    command = mpiexec_command(n, [sys.executable, "-u", *_this_program()], mpiexec_args, hostfile,
-                              mpiexec or find_mpiexec(), open_mpi, env)
 
-    # The job gets its own session, so a Ctrl-C at the terminal reaches it once, forwarded by this process
-    # (mpiexec treats a second Ctrl-C as "abort now"); and it is told to stop if this process dies.
-    job = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_terminate_with_parent)
+    running: list[subprocess.Popen] = []  # the job now running, for the signal handler
+    stop_requested = False
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        job.send_signal(OPEN_MPI_SIGNAL_STAND_INS.get(signum, signum) if open_mpi else signum)
+        nonlocal stop_requested
+        stop_requested = True
+        if running:
+            running[0].send_signal(OPEN_MPI_SIGNAL_STAND_INS.get(signum, signum) if open_mpi else signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    program_args: Sequence[str] | None = None
     try:
-        returncode = job.wait()
+        for restart in range(max_restarts + 1):
+            returncode, failure = _run_job(n, launcher, open_mpi, env, _this_program(program_args), mpiexec_args,
+                                           hostfile, running)
+            if returncode == 0 or stop_requested:
+                break
+            if returncode == 2 or restart == max_restarts:
+                left = f"; no restarts left ({max_restarts} made)" if max_restarts and returncode != 2 else ""
+                print(f"mpi_util: {failure}{left}", file=sys.stderr, flush=True)
+                break
+            failed = JobFailure(returncode, failure, restart + 1, max_restarts)
+            if on_failure is None:
+                print(f"mpi_util: {failure}; restarting (restart {failed.restart} of {max_restarts})",
+                      file=sys.stderr, flush=True)
+                program_args = sys.argv[1:]
+            else:
+                program_args = on_failure(failed)
+                if program_args is None:
+                    break
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if returncode < 0:  # the launcher itself died of a signal: report it the way a shell would
-        returncode = 128 - returncode
     return ForkResult("parent", returncode)
+
+
+# Launcher flags that put ranks on other hosts (MPICH's hydra, Open MPI): this host's limits then do not apply.
+_HOST_FLAGS = ("-f", "-hostfile", "--hostfile", "-machinefile", "--machinefile", "-host", "--host", "-hosts", "-H")
+
+
+def _run_job(n: int, launcher: str, open_mpi: bool, env: dict[str, str], program: list[str],
+             mpiexec_args: Sequence[str], hostfile: str | None, running: list[subprocess.Popen]) -> tuple[int, str]:
+    """Run one job to its end: its exit status (a shell's 128 + N when mpiexec itself died of signal N) and, when
+    nonzero, one line on which rank ended it. Removes the /dev/shm files its ranks left."""
+    watch = JobWatch(n)
+    try:
+        env = {**env, JOB_DIR_VARIABLE: str(watch.directory)}
+        command = mpiexec_command(n, [sys.executable, "-u", *program], mpiexec_args, hostfile, launcher, open_mpi, env)
+        # The job gets its own session, so a Ctrl-C at the terminal reaches it once, forwarded by this process
+        # (mpiexec treats a second Ctrl-C as "abort now"); and it is told to stop if this process dies.
+        job = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_terminate_with_parent)
+        running[:] = [job]
+        returncode = job.wait()
+        running.clear()
+        watch.stop()
+        if returncode < 0:  # the launcher itself died of a signal: report it the way a shell would
+            returncode = 128 - returncode
+        failure = watch.describe_failure(returncode) if returncode else ""
+        watch.remove_shared_memory()
+        return returncode, failure
+    finally:
+        watch.stop()
+        watch.close()

@@ -15,6 +15,8 @@ from typing import Any, NoReturn
 
 from mpi4py import MPI
 
+from .supervise import note_exit
+
 COMM_WORLD: MPI.Comm = MPI.COMM_WORLD
 rank: int = COMM_WORLD.Get_rank()
 nworkers: int = COMM_WORLD.Get_size()
@@ -139,6 +141,7 @@ def abort(message: str, code: int = 1) -> NoReturn:
 
     For a rank that cannot go on while the others are, or soon will be, waiting for it in a collective.
     """
+    note_exit("aborted")  # for the launching process: this rank ended the job, it was not killed
     sys.stdout.flush()
     sys.stderr.write(message.rstrip("\n") + "\n")
     sys.stderr.flush()

@@ -7,7 +7,9 @@ from their step FAULT_AT_STEP on (as a full disk would fail the writes; a full d
 comes once MPI's and mpi_util's shared memory exists: under Open MPI a window's ftruncate failing on one rank left the
 others waiting in the window's creation until killed). FAULT_AFTER_FILE (a glob) makes the chosen rank wait, at most
 60 s, until a file matching it exists before it fails: a checkpoint the test expects to survive is then complete,
-instead of racing the failure.
+instead of racing the failure. FAULT_ONCE_MARKER (a path) makes the fault happen once: the rank creates the file
+as it fails, and fails no more while it exists. FAULT_KIND=kill with FAULT_REPORT_DIR writes the rank's pid and the
+/dev/shm files it has mapped (named or not) to FAULT_REPORT_DIR/killed_RANK.json first.
 FAULT_KIND=slow makes the chosen rank's env take FAULT_SLOW_S longer per step from FAULT_AT_STEP on (a slow simulator).
 FAULT_KIND=report_modules makes every rank write, at its first step, which of tensorflow, keras and torch it has
 imported and its resident memory to FAULT_REPORT_DIR/modules_RANK.json. Without FAULT_KIND it is a plain Pendulum-v1.
@@ -64,7 +66,17 @@ class FaultyPendulum(gymnasium.Wrapper):
                 time.sleep(0.01)  # polls for the file; the test fails on its assertions if it never comes
             if kind == "raise":
                 raise RuntimeError(f"injected fault at step {self.steps}")
+            once = os.environ.get("FAULT_ONCE_MARKER")
+            if once and os.path.exists(once):
+                return obs, reward, terminated, truncated, info  # failed once already (a restarted job goes on)
+            if once:
+                Path(once).write_text(str(os.getpid()))
             if kind == "kill":
+                if os.environ.get("FAULT_REPORT_DIR"):  # what the test needs to find this rank's leftovers
+                    mapped = {line.split(maxsplit=5)[5].strip() for line in Path("/proc/self/maps").read_text()
+                              .splitlines() if " /dev/shm/" in line}  # "PATH" or "PATH (deleted)" when unnamed
+                    report = {"pid": os.getpid(), "shm": sorted(mapped)}
+                    (Path(os.environ["FAULT_REPORT_DIR"]) / f"killed_{rank}.json").write_text(json.dumps(report))
                 os.kill(os.getpid(), signal.SIGKILL)
             if kind == "hang":
                 time.sleep(3600)

@@ -11,6 +11,7 @@ Needs root, ``ip netns`` and ``unshare``; ``TwoHosts.why_unavailable()`` says in
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HOST_NAMES = ("hostA", "hostB")
+_INSTANCES = itertools.count()
 
 _LAUNCHER = """#!/bin/sh
 # {this}: run CMD... on HOST, a network namespace with its own hostname, IPC namespace and /dev/shm.
@@ -70,7 +72,8 @@ class TwoHosts:
     empty tmpfs of its own over it (storage only that host sees, as on a cluster whose nodes share no filesystem).
     """
 
-    tag: str = field(default_factory=lambda: f"{os.getpid() % 100000:05d}")
+    # Unique to this process and instance: a test's own TwoHosts beside a module's must not share its namespaces.
+    tag: str = field(default_factory=lambda: f"{(os.getpid() * 10 + next(_INSTANCES)) % 100000:05d}")
     namespaces: tuple[str, str] = ("", "")
     devices: tuple[str, str] = ("", "")
     addresses: tuple[str, str] = ("", "")

@@ -1,5 +1,5 @@
 """Launched with plain python: relaunches itself under mpiexec with mpi_fork(argv[1]). argv[2] == "fail" makes
-rank 1 raise while the others wait in a gather."""
+rank 1 raise while the others wait in a gather. The parent prints the /dev/shm files it has mapped."""
 
 import os
 import sys
@@ -10,6 +10,8 @@ import mpi_util
 
 result = mpi_util.mpi_fork(int(sys.argv[1]))
 if result == "parent":
+    mapped = sorted({line.split(maxsplit=5)[5].strip() for line in open("/proc/self/maps") if " /dev/shm/" in line})
+    print(f"parent: mapped {mapped}", flush=True)  # "PATH", or "PATH (deleted)" once unnamed
     print(f"parent: job exited with {result.returncode}", flush=True)
     sys.exit(result.returncode)
 

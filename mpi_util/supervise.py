@@ -1,0 +1,360 @@
+"""The launching process's view of the MPI job ``mpi_fork`` started: where each rank runs, which one ended first and
+how, the shared memory the ranks mapped (removed after the job), and whether this host can run that many processes.
+
+Each rank records itself (rank, host, pid, the /dev/shm files it has mapped) in a directory the launching process
+names in MPI_UTIL_JOB_DIR (rank 0 writes every rank's, for hosts that do not share it); a rank that ends through
+Python or ``abort`` also leaves a note. Each rank on the launching process's host keeps a connection to it open for
+its whole life, so that after the job the launching process knows which rank ended first: mpiexec itself names only
+a process id ("BAD TERMINATION ... PID 11389 ... EXIT CODE: 9").
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+JOB_DIR_VARIABLE = "MPI_UTIL_JOB_DIR"
+_SHARED_MEMORY = "/dev/shm"
+# More ranks per CPU than this and the job mostly waits for the scheduler (every iteration waits for the slowest).
+RANKS_PER_CPU_WARNING = 4
+
+_recorded_rank: int | None = None
+_watch_connection: socket.socket | None = None  # held open for this rank's life
+WATCH_SOCKET = "watch.sock"
+
+
+@dataclass(frozen=True)
+class JobFailure:
+    """How a job ``mpi_fork`` started ended, as its ``on_failure`` gets it."""
+
+    returncode: int
+    """The job's exit status (mpiexec's)."""
+    cause: str
+    """One line naming the rank that ended it and its host, e.g. "rank 3 (on host node2, pid 4242) was killed by
+    signal 9 (SIGKILL)"."""
+    restart: int
+    """The number the restart would have: 1 for the first."""
+    max_restarts: int
+    """The most restarts allowed."""
+
+
+def _write_json(path: Path, record: dict) -> None:
+    """Write ``record`` to ``path`` whole or not at all (the reader may look at any moment)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps(record))
+    os.replace(partial, path)
+
+
+def mapped_shared_memory() -> list[str]:
+    """The files under /dev/shm this process has mapped and that still have a name (MPICH's, for one: it unlinks its
+    windows' files at once, but the one it makes at start-up only when the job ends cleanly)."""
+    paths = set()
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                path = fields[5].strip() if len(fields) == 6 else ""
+                if path.startswith(_SHARED_MEMORY + "/") and not path.endswith(" (deleted)"):
+                    paths.add(path)
+    except OSError:
+        return []
+    return sorted(paths)
+
+
+def release_own_shared_memory() -> list[str]:
+    """In a process that started MPI alone (no launcher: a one-process run, or mpi_fork's launching process), unlink
+    the /dev/shm file its MPI made for it at start-up; mapped, it stays usable, and no other process attaches to it.
+    Else it outlives the process: MPICH's (1 MB) when the process is killed, Open MPI 5's (16 MB) at every exit.
+    Returns the paths removed."""
+    removed = []
+    for path in mapped_shared_memory():
+        if os.path.basename(path).startswith(("mpich_shm_", "sm_segment.")):
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
+def record_rank(rank: int, gather: Callable[[dict], list[dict] | None] | None = None) -> None:
+    """In a rank that mpi_fork started: record (rank, host, pid, mapped /dev/shm files) for the launching process,
+    and note at exit that this rank ended through Python. ``gather`` (every rank's record to rank 0; a collective,
+    so every rank passes one or none does) lets rank 0 write the others' records too, for ranks on hosts that do
+    not share the directory. Does nothing outside such a job; a rank that cannot write the directory is skipped."""
+    global _recorded_rank
+    directory = os.environ.get(JOB_DIR_VARIABLE)
+    if not directory or _recorded_rank is not None:
+        return
+    mine = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "shm": mapped_shared_memory()}
+    try:
+        _write_json(Path(directory) / f"rank_{rank}.json", mine)
+        _recorded_rank = rank
+        atexit.register(note_exit, "exited")
+        _connect_to_watch(Path(directory) / WATCH_SOCKET, rank)
+    except OSError:
+        pass  # another host, without this directory: rank 0 writes this record
+    everyone = gather(mine) if gather is not None else None
+    for record in everyone or []:
+        if record["rank"] != rank:
+            try:
+                _write_json(Path(directory) / f"rank_{record['rank']}.json", record)
+            except OSError:
+                return
+
+
+def _connect_to_watch(path: Path, rank: int) -> None:
+    """Connect to the launching process's watch socket and say which rank this is; the connection stays open for
+    as long as this process lives, and its closing tells the launching process that the rank has ended."""
+    global _watch_connection
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(str(path))
+        connection.sendall(f"{rank}\n".encode())
+    except OSError:
+        connection.close()
+        return
+    _watch_connection = connection
+
+
+def note_exit(how: str) -> None:
+    """In a recorded rank: note that it ends by itself (``how``: "exited" or "aborted"), so that the launching
+    process does not take it for killed. Best effort."""
+    directory = os.environ.get(JOB_DIR_VARIABLE)
+    if directory is None or _recorded_rank is None:
+        return
+    try:
+        _write_json(Path(directory) / f"ended_{_recorded_rank}.json", {"how": how, "time": time.time()})
+    except OSError:
+        pass
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _signal_in_status(returncode: int) -> int | None:
+    """The signal a launcher's exit status reports for a killed rank: MPICH's hydra exits with the signal's number,
+    other launchers (and shells) with 128 + the number."""
+    if 128 < returncode < 128 + signal.NSIG:
+        return returncode - 128
+    if 0 < returncode < signal.NSIG:
+        return returncode
+    return None
+
+
+class JobWatch:
+    """The launching process's side of one job: a directory for the ranks' records (its path goes to the ranks in
+    MPI_UTIL_JOB_DIR), a thread that learns which rank on this host ends first, and what to say and clean up after.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.host = socket.gethostname()
+        self.directory = Path(tempfile.mkdtemp(prefix="mpi_util_job_"))
+        self._shared_before = self._shared_memory_names()
+        self.ended_first: list[int] = []
+        """The rank(s) on this host seen to end first (several when they ended at once)."""
+        self._wake_read, self._wake_write = os.pipe()
+        self._thread: threading.Thread | None = None
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(self.directory / WATCH_SOCKET))
+            listener.listen(max(n, 16))
+        except OSError:  # a TMPDIR path too long for a socket's name, say: the ranks are then not named
+            listener.close()
+            return
+        self._thread = threading.Thread(target=self._watch, args=(listener,), name="mpi_util-job-watch", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _shared_memory_names() -> set[str]:
+        try:
+            return set(os.listdir(_SHARED_MEMORY))
+        except OSError:
+            return set()
+
+    def ranks(self) -> dict[int, dict]:
+        """What each rank recorded so far, by rank: {"rank", "host", "pid", "shm"}."""
+        found = {}
+        for path in self.directory.glob("rank_*.json"):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            found[int(record["rank"])] = record
+        return found
+
+    def _notes(self) -> dict[int, dict]:
+        notes = {}
+        for path in self.directory.glob("ended_*.json"):
+            try:
+                notes[int(path.stem.split("_")[1])] = json.loads(path.read_text())
+            except (OSError, ValueError, IndexError):
+                continue
+        return notes
+
+    def _watch(self, listener: socket.socket) -> None:
+        """Until told to stop: accept each local rank's connection (its rank number comes first) and wait for the
+        first to close. A rank's sockets close as it dies, before the launcher can learn of it (the launcher learns
+        from its pipes and sockets closing) and kill the others, so the first to close is the rank that ended first.
+        """
+        connections: dict[socket.socket, int | None] = {}
+        try:
+            while True:
+                readable, _, _ = select.select([self._wake_read, listener, *connections], [], [])
+                if self._wake_read in readable:
+                    return
+                if listener in readable:
+                    connection, _ = listener.accept()
+                    connections[connection] = None
+                ended = []
+                for connection in readable:
+                    if connection in connections:
+                        data = connection.recv(64)
+                        if data:
+                            connections[connection] = int(data.split(b"\n")[0])
+                            continue
+                        rank = connections.pop(connection)
+                        connection.close()
+                        if rank is not None:
+                            ended.append(rank)
+                if ended:
+                    self.ended_first = sorted(ended)
+                    return
+        except (OSError, ValueError):
+            return
+        finally:
+            listener.close()
+            for connection in connections:
+                connection.close()
+
+    def stop(self) -> None:
+        """The job has ended: stop watching (again: nothing)."""
+        if self._wake_write < 0:
+            return
+        os.write(self._wake_write, b"x")
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+        self._wake_write = -1
+
+    def _where(self, ranks: list[int], records: dict[int, dict]) -> str:
+        names = " or ".join(str(r) for r in ranks)
+        hosts = sorted({records[r]["host"] for r in ranks if r in records})
+        pids = [str(records[r]["pid"]) for r in ranks if r in records]
+        place = f"on host {', '.join(hosts)}" if hosts else "host unknown"
+        return f"rank {names} ({place}, pid {' or '.join(pids)})" if pids else f"rank {names} ({place})"
+
+    def describe_failure(self, returncode: int) -> str:
+        """One line on how the job ended with ``returncode`` != 0, naming the rank that ended it and its host where
+        it can be told."""
+        records, notes = self.ranks(), self._notes()
+        aborted = sorted((note["time"], rank) for rank, note in notes.items() if note.get("how") == "aborted")
+        if aborted:
+            return f"{self._where([aborted[0][1]], records)} aborted the job (exit status {returncode})"
+        first = self.ended_first
+        elsewhere = sorted({record["host"] for record in records.values() if record["host"] != self.host})
+        unrecorded = sorted(set(range(self.n)) - set(records))
+        # mpiexec kills the other ranks (SIGKILL) once one has ended: this host's first may be a rank killed so.
+        far = ", ".join(f"rank {r} on {record['host']} pid {record['pid']}" for r, record in sorted(records.items())
+                        if record["host"] != self.host)
+        caveat = (f"; ranks on other hosts cannot be watched from here and may have ended first ({far}; mpiexec "
+                  "names the process id that ended first)" if elsewhere else
+                  f"; rank {', '.join(map(str, unrecorded))} did not say where it runs (another host without a shared "
+                  "filesystem, or it ended before calling mpi_fork)" if unrecorded else "")
+        if first:
+            signum = _signal_in_status(returncode)
+            if all(rank in notes for rank in first):
+                how = f"exited first (exit status {returncode})"
+            elif signum is not None:
+                how = f"was killed by signal {signum} ({_signal_name(signum)})"
+            else:
+                how = f"ended abruptly, not through Python (mpiexec's exit status {returncode} names no signal)"
+            return f"{self._where(first, records)} {how}{caveat}"
+        return f"the job ended with exit status {returncode}{caveat}"
+
+    def remove_shared_memory(self) -> list[str]:
+        """Remove the /dev/shm files that ranks on this host mapped and that the job created (not there before it
+        started): MPICH leaves one (about 1 MB per rank) whenever a job ends abnormally. Returns what was removed."""
+        removed = []
+        for record in self.ranks().values():
+            if record["host"] != self.host:
+                continue
+            for path in record["shm"]:
+                if os.path.dirname(path) != _SHARED_MEMORY or os.path.basename(path) in self._shared_before:
+                    continue
+                try:
+                    os.unlink(path)
+                    removed.append(path)
+                except OSError:
+                    pass  # removed already (a clean end), or not ours to remove
+        return removed
+
+    def close(self) -> None:
+        """Remove the records' directory."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _tasks_of_user(uid: int) -> int:
+    """Processes and threads this real user id runs now (what RLIMIT_NPROC counts), from /proc; 0 where unreadable."""
+    count = 0
+    try:
+        entries = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+        except OSError:
+            continue
+        if int(fields.get("Uid", "-1").split()[0]) == uid:
+            count += int(fields.get("Threads", "1"))
+    return count
+
+
+def check_process_room(n: int) -> None:
+    """ValueError with a one-line reason when this user may not start ``n`` more processes (RLIMIT_NPROC, ``ulimit
+    -u``): beyond it mpiexec fails part-way with pages of launcher errors. Root is not held to the limit by the
+    kernel, but a request beyond it is refused all the same."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft == resource.RLIM_INFINITY:
+        return
+    if n > soft:
+        raise ValueError(f"{n} processes requested, but this user may run at most {soft} (ulimit -u): ask for at "
+                         f"most {soft}, or raise the limit")
+    if os.geteuid() != 0:
+        running = _tasks_of_user(os.getuid())
+        if running + n + 2 > soft:  # + mpiexec and its proxy
+            raise ValueError(f"{n} processes requested, but this user may run at most {soft} (ulimit -u) and runs "
+                             f"{running} already: ask for at most {max(soft - running - 2, 0)}, or raise the limit")
+
+
+def oversubscription_warning(n: int) -> str | None:
+    """A one-line warning when ``n`` ranks exceed RANKS_PER_CPU_WARNING per CPU this process may use, else None."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    if n <= RANKS_PER_CPU_WARNING * cpus:
+        return None
+    return (f"mpi_util: warning: {n} processes on {cpus} CPU{'s' if cpus > 1 else ''} (more than "
+            f"{RANKS_PER_CPU_WARNING} per CPU): each waits its turn for a CPU and every iteration waits for the "
+            f"slowest; fewer processes are likely faster")

@@ -1,0 +1,151 @@
+"""What the launching process does when its job goes wrong, under a real mpiexec: it names a killed rank and its
+host, restarts the run from its newest checkpoint (--max_restarts), removes the /dev/shm files the ranks mapped,
+and refuses more processes than the host allows before starting any."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO, SCRIPTS, run_bounded
+from test_reliability import FAULTY, assert_no_process_left
+from test_train import TRAIN, progress
+
+
+def killed_run(tmp_path: Path, max_restarts: int, total_steps: int = 100_000) -> subprocess.CompletedProcess:
+    """3 ranks of the faulty env, checkpoint every iteration; rank 1 kills itself (SIGKILL) once, 176 steps into
+    iteration 3, after iteration 2's checkpoint is on disk, having written its pid and mapped /dev/shm files."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    env = {"FAULT_KIND": "kill", "FAULT_RANK": "1", "FAULT_AT_STEP": "1200", "FAULT_REPORT_DIR": str(reports),
+           "FAULT_ONCE_MARKER": str(tmp_path / "killed_once"),
+           "FAULT_AFTER_FILE": str(tmp_path / "runs" / "*" / "checkpoints" / "ckpt_00000002.pkl")}
+    return run_bounded([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536", "--total_steps",
+                        str(total_steps), "--checkpoint_every", "1", "--max_restarts", str(max_restarts),
+                        "--logdir", str(tmp_path / "runs")], timeout=240, env=env)
+
+
+def killed_rank_report(tmp_path: Path, rank: int = 1) -> dict:
+    """The killed rank's pid and what it had mapped under /dev/shm: "PATH", or "PATH (deleted)" when unnamed."""
+    return json.loads((tmp_path / "reports" / f"killed_{rank}.json").read_text())
+
+
+def left_in_shared_memory(mapped: list[str]) -> list[str]:
+    """Which of the files a killed rank had mapped under /dev/shm are still there. Only those: other jobs on this
+    machine keep their own files there."""
+    return [path for path in (entry.removesuffix(" (deleted)") for entry in mapped) if os.path.exists(path)]
+
+
+def test_killed_rank_is_named_with_its_host_and_its_shared_memory_removed(tmp_path):
+    result = killed_run(tmp_path, max_restarts=0)
+    assert result.returncode != 0
+    killed = killed_rank_report(tmp_path)
+    assert (f"mpi_util: rank 1 (on host {socket.gethostname()}, pid {killed['pid']}) was killed by signal 9 "
+            f"(SIGKILL)") in result.stderr, result.stderr[-3000:]
+    # MPICH's file for the job, mapped by every rank since start-up, had a name when the rank was killed.
+    assert [entry for entry in killed["shm"] if not entry.endswith(" (deleted)")], killed
+    assert left_in_shared_memory(killed["shm"]) == []
+    assert_no_process_left(tmp_path)
+
+
+def test_killed_rank_restarts_from_newest_checkpoint_and_run_ends_with_its_budget(tmp_path):
+    budget = 6 * 1536
+    result = killed_run(tmp_path, max_restarts=1, total_steps=budget)
+    assert result.returncode == 0, result.stderr[-3000:]
+    killed = killed_rank_report(tmp_path)
+    restarts = [line for line in result.stderr.splitlines() if "restarting" in line]
+    assert restarts == [f"train.py: rank 1 (on host {socket.gethostname()}, pid {killed['pid']}) was killed by "
+                        "signal 9 (SIGKILL); restarting from checkpoint ckpt_00000002 (restart 1 of 1)"], \
+        result.stderr[-3000:]
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert "resuming" in result.stdout and "from ckpt_00000002.pkl: iteration 2" in result.stdout
+    rows = progress(run_dir)
+    assert [int(row["iteration"]) for row in rows] == [1, 2, 3, 4, 5, 6]
+    assert int(rows[-1]["total_steps"]) == budget
+    assert left_in_shared_memory(killed["shm"]) == []
+    assert_no_process_left(tmp_path)
+
+
+def test_killed_single_process_run_leaves_no_shared_memory(tmp_path):
+    # One process has no launcher to clean up after it: MPICH's file for it loses its name at start-up.
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    env = {"FAULT_KIND": "kill", "FAULT_RANK": "0", "FAULT_AT_STEP": "100", "FAULT_REPORT_DIR": str(reports)}
+    result = run_bounded([sys.executable, TRAIN, FAULTY, "--nprocs", "1", "--total_steps", "100000", "--logdir",
+                          str(tmp_path / "runs")], timeout=120, env=env)
+    assert result.returncode == -9
+    killed = killed_rank_report(tmp_path, rank=0)
+    assert [entry for entry in killed["shm"] if entry.startswith("/dev/shm/mpich_shm_")], killed
+    assert left_in_shared_memory(killed["shm"]) == []
+
+
+def test_restarts_end_when_used_up(tmp_path):
+    # Without the once-marker the fault comes back on every run: one restart, then the run ends, saying so.
+    env = {"FAULT_KIND": "kill", "FAULT_RANK": "1", "FAULT_AT_STEP": "200"}
+    result = run_bounded([sys.executable, TRAIN, FAULTY, "--nprocs", "2", "--batch_size", "1024", "--total_steps",
+                          "100000", "--max_restarts", "1", "--logdir", str(tmp_path)], timeout=240, env=env)
+    assert result.returncode != 0
+    assert result.stderr.count("restarting from the start (no checkpoint yet) (restart 1 of 1)") == 1, \
+        result.stderr[-3000:]
+    assert "was killed by signal 9 (SIGKILL); no restarts left (1 made)" in result.stderr
+    assert_no_process_left(tmp_path)
+
+
+def lower_process_limit(limit: int) -> None:
+    """In the child before exec: a soft RLIMIT_NPROC of ``limit`` (as ``prlimit --nproc=LIMIT:`` would)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    resource.setrlimit(resource.RLIMIT_NPROC, (limit, hard))
+
+
+def test_more_processes_than_the_limit_are_refused_in_one_line(tmp_path):
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, TRAIN, "CartPole-v1", "--nprocs", "50", "--logdir", str(tmp_path)],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=60, preexec_fn=lambda: lower_process_limit(20))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "train.py: error: 50 processes requested, but this user may run at most 20 (ulimit -u): ask for at most 20, "
+        "or raise the limit"], proc.stderr[-3000:]
+    assert time.monotonic() - started < 30
+    assert_no_process_left(tmp_path)
+
+
+def test_more_than_four_ranks_per_cpu_warn_once():
+    # One CPU for the job (as a scheduler's CPU set would give), five ranks of a small mpi_util job.
+    result = run_bounded(["taskset", "-c", "0", sys.executable, str(SCRIPTS / "fork_job.py"), "5"], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert warnings == ["mpi_util: warning: 5 processes on 1 CPU (more than 4 per CPU): each waits its turn for a "
+                        "CPU and every iteration waits for the slowest; fewer processes are likely faster"]
+
+
+def test_no_restart_after_the_user_stops_the_job(tmp_path):
+    # Rank 1 hangs in iteration 2, so the stop asked for after iteration 1 cannot finish; a second SIGTERM stops the
+    # job at once, with a nonzero status. That is the user's stop, not a failure to restart from.
+    env = dict(os.environ, PYTHONPATH=str(REPO), FAULT_KIND="hang", FAULT_RANK="1", FAULT_AT_STEP="700")
+    job = subprocess.Popen([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536",
+                            "--checkpoint_every", "1", "--total_steps", "100000", "--max_restarts", "2",
+                            "--logdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env=env)
+    try:
+        for line in job.stdout:  # iteration 1 logged: rank 1 will hang in iteration 2
+            if line.split()[:1] == ["1"]:
+                break
+        job.send_signal(signal.SIGTERM)
+        for line in job.stdout:
+            if line.startswith("received signal 15"):
+                break
+        job.send_signal(signal.SIGTERM)
+        _, stderr = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode != 0
+    assert "restarting" not in stderr, stderr[-3000:]
+    assert_no_process_left(tmp_path)
