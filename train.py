@@ -628,11 +628,9 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
         counters.stop = counters.budget_spent(config)
         mpi_util.print0(f"{config.algo.upper()} on {config.env_id}: {nprocs} processes, batch {config.batch_size} "
                         f"steps, budget {config.total_steps} steps; run directory {run_dir}")
-        if config.total_steps % config.batch_size:
+        if config.total_steps < config.batch_size:
             mpi_util.print0(f"train.py: note: the budget is spent in whole batches: --total_steps "
-                            f"{config.total_steps} runs {-(-config.total_steps // config.batch_size)} iteration(s) "
-                            f"of --batch_size {config.batch_size}, "
-                            f"{-(-config.total_steps // config.batch_size) * config.batch_size} steps")
+                            f"{config.total_steps} runs one iteration of --batch_size {config.batch_size} steps")
     mpi_util.rank0_bcast_wts(learner_state)  # every rank starts from rank 0's weights and counters
 
     my_steps = steps_of_rank(config.batch_size, nprocs, rank)

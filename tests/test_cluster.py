@@ -74,8 +74,8 @@ def test_resume_of_what_is_not_a_resumable_run_is_one_line(tmp_path):
 
 def test_a_budget_below_one_batch_says_what_runs(tmp_path):
     _, out = train("CartPole-v1", "--total_steps", "10", "--batch_size", "256", "--logdir", str(tmp_path))
-    assert ("train.py: note: the budget is spent in whole batches: --total_steps 10 runs 1 iteration(s) of "
-            "--batch_size 256, 256 steps") in out, out
+    assert ("train.py: note: the budget is spent in whole batches: --total_steps 10 runs one iteration of "
+            "--batch_size 256 steps") in out, out
 
 
 def test_an_update_that_makes_the_weights_non_finite_stops_the_job_and_keeps_the_last_checkpoint(tmp_path):

