@@ -27,6 +27,7 @@ import numpy as np
 
 import mpi_util
 from algos.run_dir import RunDirInUseError, RunDirLock, create_run_dir, lock_run_dir, run_dir_name
+from mpi_util.supervise import check_process_room
 
 _RUN_DIR_VARIABLE = "MPI_BATCH_RL_RUN_DIR"  # the new run's directory for rank 0 (set by mpi_fork's parent)
 _TTY_VARIABLE = "MPI_BATCH_RL_TTY"  # ranks' stdout is a pipe to mpiexec; the parent says if the user has a terminal
@@ -459,6 +460,8 @@ def main() -> int:
     try:
         config, run_dir, resuming = build_config(args)
         launch = launch_settings(args, config.nprocs)
+        if config.nprocs > 1 and "hostfile" not in launch:
+            check_process_room(config.nprocs)  # before the run directory exists: a refused job leaves nothing
         run_dir = prepare_run_dir(run_dir, args.logdir, new=not resuming and _RUN_DIR_VARIABLE not in os.environ)
         lock_run_dir(run_dir).release()  # in use by another job: RunDirInUseError; rank 0 locks it for the run
     except (ValueError, OSError) as error:

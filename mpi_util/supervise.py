@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cpus import cpus_available
+
 JOB_DIR_VARIABLE = "MPI_UTIL_JOB_DIR"
 _SHARED_MEMORY = "/dev/shm"
 # More ranks per CPU than this and the job mostly waits for the scheduler (every iteration waits for the slowest).
@@ -348,11 +350,9 @@ def check_process_room(n: int) -> None:
 
 
 def oversubscription_warning(n: int) -> str | None:
-    """A one-line warning when ``n`` ranks exceed RANKS_PER_CPU_WARNING per CPU this process may use, else None."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
+    """A one-line warning when ``n`` ranks exceed RANKS_PER_CPU_WARNING per CPU this process may use (its affinity
+    capped by its cgroup quota), else None."""
+    cpus = cpus_available()
     if n <= RANKS_PER_CPU_WARNING * cpus:
         return None
     return (f"mpi_util: warning: {n} processes on {cpus} CPU{'s' if cpus > 1 else ''} (more than "

@@ -115,6 +115,7 @@ def test_more_processes_than_the_limit_are_refused_in_one_line(tmp_path):
         "or raise the limit"], proc.stderr[-3000:]
     assert time.monotonic() - started < 30
     assert_no_process_left(tmp_path)
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())  # no run directory left behind
 
 
 def test_more_than_four_ranks_per_cpu_warn_once():
