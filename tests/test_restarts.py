@@ -82,7 +82,9 @@ def test_killed_single_process_run_leaves_no_shared_memory(tmp_path):
                           str(tmp_path / "runs")], timeout=120, env=env)
     assert result.returncode == -9
     killed = killed_rank_report(tmp_path, rank=0)
-    assert [entry for entry in killed["shm"] if entry.startswith("/dev/shm/mpich_shm_")], killed
+    # MPICH's mpich_shm_*, Open MPI's sm_segment.*: the run had one, and it is gone.
+    assert [entry for entry in killed["shm"] if entry.startswith(("/dev/shm/mpich_shm_", "/dev/shm/sm_segment"))], \
+        killed
     assert left_in_shared_memory(killed["shm"]) == []
 
 
