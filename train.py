@@ -449,7 +449,7 @@ def main() -> int:
     args = parse_args()
     if mpi_util.under_mpi_launcher():
         return main_in_rank(args)
-    missing = missing_modules(_RL_MODULES[:2] if args.play else _RL_MODULES)
+    missing = missing_modules(_WORKER_MODULES if args.play else _RL_MODULES)
     if missing:
         print(f"train.py: error: {missing_modules_message(missing)}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from .supervise import (
     JobFailure,
     JobWatch,
     check_process_room,
+    mapped_files,
     oversubscription_warning,
     record_rank,
     release_own_shared_memory,
@@ -73,15 +74,8 @@ def under_mpi_launcher() -> bool:
 
 def _loaded_mpi_library_path() -> str | None:
     """Path of the libmpi shared object this process mapped (Linux /proc), None where it cannot be read."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.split()[-1] if len(line.split()) >= 6 else ""
-                if os.path.basename(path).startswith("libmpi.so") or os.path.basename(path).startswith("libmpi_"):
-                    return path
-    except OSError:
-        return None
-    return None
+    return next((path for path in mapped_files()
+                 if os.path.basename(path).startswith(("libmpi.so", "libmpi_"))), None)
 
 
 def find_mpiexec() -> str:

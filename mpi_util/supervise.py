@@ -59,20 +59,21 @@ def _write_json(path: Path, record: dict) -> None:
     os.replace(partial, path)
 
 
+def mapped_files() -> list[str]:
+    """Paths of the files this process has mapped, in /proc/self/maps order (Linux); one unlinked since ends in
+    " (deleted)". [] where /proc cannot be read."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return [fields[5].strip() for line in maps if len(fields := line.split(maxsplit=5)) == 6]
+    except OSError:
+        return []
+
+
 def mapped_shared_memory() -> list[str]:
     """The files under /dev/shm this process has mapped and that still have a name (MPICH's, for one: it unlinks its
     windows' files at once, but the one it makes at start-up only when the job ends cleanly)."""
-    paths = set()
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.split(maxsplit=5)
-                path = fields[5].strip() if len(fields) == 6 else ""
-                if path.startswith(_SHARED_MEMORY + "/") and not path.endswith(" (deleted)"):
-                    paths.add(path)
-    except OSError:
-        return []
-    return sorted(paths)
+    return sorted({path for path in mapped_files()
+                   if path.startswith(_SHARED_MEMORY + "/") and not path.endswith(" (deleted)")})
 
 
 def release_own_shared_memory() -> list[str]:
