@@ -735,10 +735,11 @@ class Learner:
 
         from algos import PPO, TRPO, ActorCritic, PPOConfig, TRPOConfig
 
-        # Rank 0 alone runs the update: it gets every CPU it was given (affinity, cgroup quota: the job's share of
-        # the node, not the node) while the workers wait without spinning.
+        # Rank 0 alone runs the update while the workers wait without spinning. One thread per op: on networks of
+        # this size splitting an op across threads (Adam's fused kernel above all) costs more than it saves;
+        # two ops at a time where the CPUs it was given (affinity, cgroup quota) allow (benchmarks/update.py).
         self.cpus = mpi_util.cpus_available()
-        self.threads = {"tf_intra_op_threads": self.cpus, "tf_inter_op_threads": min(2, self.cpus)}
+        self.threads = {"tf_intra_op_threads": 1, "tf_inter_op_threads": min(2, self.cpus)}
         tf.config.threading.set_intra_op_parallelism_threads(self.threads["tf_intra_op_threads"])
         tf.config.threading.set_inter_op_parallelism_threads(self.threads["tf_inter_op_threads"])
         tf.config.experimental.enable_op_determinism()  # same seed and nprocs, same results

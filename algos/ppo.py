@@ -2,10 +2,10 @@
 
 from dataclasses import dataclass
 
-import keras
 import numpy as np
 import tensorflow as tf
 
+from algos.adam import FusedAdam
 from algos.learner_batch import batch_specs, prepare_batch
 from algos.policy import ActorCritic
 from mpi_util.stall import heartbeat
@@ -42,26 +42,21 @@ class PPO:
         self.cfg = cfg
         self.rng = np.random.default_rng(seed)
         self._variables = ac.variables()
-        # Adam in float32 with the epsilon of the PPO reference implementations.
-        self.optimizer = keras.optimizers.Adam(learning_rate=cfg.lr, epsilon=1e-5)
-        # Built now so its slots exist before the first update: a resumed run sets them before updating.
-        self.optimizer.build(self._variables)
+        # Adam in float32 with the epsilon of the PPO reference implementations; its slots exist from here on, so a
+        # resumed run can set them before its first update.
+        self.optimizer = FusedAdam(self._variables, learning_rate=cfg.lr, epsilon=1e-5)
         obs_spec, act_spec = batch_specs(ac)
-        row_spec = tf.TensorSpec([None], tf.float32)
         params_spec = tf.TensorSpec([None, None], tf.float32)
-        perm_spec = tf.TensorSpec([None], tf.int64)
         self._old_policy = tf.function(self._old_policy_fn, input_signature=[obs_spec, act_spec])
-        # A whole epoch per call: the minibatch loop runs inside the graph, about 3x faster than one call per
-        # minibatch on small networks, where the per-call overhead dominates.
-        self._train_epoch = tf.function(
-            self._train_epoch_fn,
-            input_signature=[obs_spec, act_spec, row_spec, row_spec, row_spec, perm_spec],
-        )
+        # A whole epoch per call, its minibatch steps unrolled: on 64x64 networks the time goes to the number of ops
+        # run, not to arithmetic, and a graph loop adds its own per step (see benchmarks/update.py). Traced once per
+        # batch size.
+        self._train_epoch = tf.function(self._train_epoch_fn)
         self._batch_kl = tf.function(self._batch_kl_fn, input_signature=[params_spec, obs_spec])
 
     def set_learning_rate(self, lr: float) -> None:
         """Adam's learning rate for the next updates (a schedule sets it before each update)."""
-        self.optimizer.learning_rate = lr
+        self.optimizer.learning_rate.assign(lr)
 
     def update(self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray) -> dict[str, float]:
         """One PPO update on a gathered batch of N rows, then obs_rms merges obs.
@@ -135,11 +130,11 @@ class PPO:
         """One epoch: an Adam step on each run of minibatch_size rows of the permutation perm (N,); returns
         the means over its minibatches of [pi_loss, v_loss, entropy, approx_kl, clip_frac] (5,)."""
         mb = self.cfg.minibatch_size
-        n = tf.shape(perm)[0]
+        n = int(perm.shape[0])
         sums = tf.zeros(5)
-        for start in tf.range(0, n, mb):
+        for start in range(0, n, mb):
             sums += self._minibatch_step(obs, act, adv, v_target, old_logp, perm[start : start + mb])
-        return sums / tf.cast((n + mb - 1) // mb, tf.float32)
+        return sums / float((n + mb - 1) // mb)
 
     def _minibatch_step(
         self,
@@ -164,7 +159,7 @@ class PPO:
             loss = pi_loss + self.cfg.vf_coef * v_loss - self.cfg.ent_coef * entropy
         grads = tape.gradient(loss, self._variables)
         grads, _ = tf.clip_by_global_norm(grads, self.cfg.max_grad_norm)
-        self.optimizer.apply_gradients(zip(grads, self._variables, strict=True))
+        self.optimizer.apply(grads)
         # The low-variance estimator E[(r - 1) - log r] of KL(old || new) (Schulman's "k3").
         approx_kl = tf.reduce_mean((ratio - 1.0) - log_ratio)
         clip_frac = tf.reduce_mean(tf.cast(tf.abs(ratio - 1.0) > clip, tf.float32))

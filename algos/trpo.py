@@ -3,10 +3,10 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import keras
 import numpy as np
 import tensorflow as tf
 
+from algos.adam import FusedAdam
 from algos.learner_batch import LearnerBatch, batch_specs, prepare_batch
 from algos.policy import ActorCritic
 from mpi_util.stall import heartbeat
@@ -44,14 +44,12 @@ class TRPO:
         self.rng = np.random.default_rng(seed)
         self._pi_variables = ac.policy_variables()
         self._v_variables = ac.value_variables()
-        self.vf_optimizer = keras.optimizers.Adam(learning_rate=cfg.vf_lr)
-        # Built now so its slots exist before the first update: a resumed run sets them before updating.
-        self.vf_optimizer.build(self._v_variables)
+        # Its slots exist from here on, so a resumed run can set them before its first update.
+        self.vf_optimizer = FusedAdam(self._v_variables, learning_rate=cfg.vf_lr)
         obs_spec, act_spec = batch_specs(ac)
         row_spec = tf.TensorSpec([None], tf.float32)
         params_spec = tf.TensorSpec([None, None], tf.float32)
         flat_spec = tf.TensorSpec([None], tf.float32)
-        perm_spec = tf.TensorSpec([None], tf.int64)
         self._old_policy = tf.function(self._old_policy_fn, input_signature=[obs_spec, act_spec])
         self._surrogate_grad = tf.function(
             self._surrogate_grad_fn, input_signature=[obs_spec, act_spec, row_spec, row_spec]
@@ -62,8 +60,8 @@ class TRPO:
         self._policy_stats = tf.function(
             self._policy_stats_fn, input_signature=[obs_spec, act_spec, row_spec, row_spec, params_spec]
         )
-        # A whole epoch per call: the minibatch loop runs inside the graph (see PPO).
-        self._vf_epoch = tf.function(self._vf_epoch_fn, input_signature=[obs_spec, row_spec, perm_spec])
+        # A whole epoch per call, its minibatch steps unrolled (see PPO).
+        self._vf_epoch = tf.function(self._vf_epoch_fn)
 
     def update(self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray) -> dict[str, float]:
         """One TRPO update on a gathered batch of N rows, then obs_rms merges obs.
@@ -196,11 +194,11 @@ class TRPO:
         """One epoch of value steps on each run of vf_minibatch_size rows of the permutation perm (N,);
         returns the mean minibatch loss."""
         mb = self.cfg.vf_minibatch_size
-        n = tf.shape(perm)[0]
+        n = int(perm.shape[0])
         total = tf.constant(0.0)
-        for start in tf.range(0, n, mb):
+        for start in range(0, n, mb):
             total += self._vf_step(obs, v_target, perm[start : start + mb])
-        return total / tf.cast((n + mb - 1) // mb, tf.float32)
+        return total / float((n + mb - 1) // mb)
 
     def _vf_step(self, obs: tf.Tensor, v_target: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
         """One Adam step on the value loss of the rows idx (M,); returns the loss before the step."""
@@ -208,7 +206,7 @@ class TRPO:
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(self.ac.value(obs) - v_target))
         grads = tape.gradient(loss, self._v_variables)
-        self.vf_optimizer.apply_gradients(zip(grads, self._v_variables, strict=True))
+        self.vf_optimizer.apply(grads)
         return loss
 
 

@@ -189,4 +189,4 @@ def test_rank_0_threads_follow_a_cgroup_cpu_quota(tmp_path):
     finally:
         group.rmdir()
     assert len(os.sched_getaffinity(0)) >= 2 and config["rank0_cpus"] == 1, config
-    assert config["tf_intra_op_threads"] == 1 and config["job_cpus"] == 1, config
+    assert config["tf_inter_op_threads"] == 1 and config["job_cpus"] == 1, config

@@ -1,0 +1,215 @@
+"""Rank 0's PPO update alone, side by side: this checkout against an older commit, and each speed lever turned off.
+
+    .venv/bin/python benchmarks/update.py --baseline f218846 --repeats 3
+
+Every variant runs in its own process: the ActorCritic of Walker2d-v5 (17 observations, 6 actions, 64x64 networks),
+PPO with the default hyperparameters (10 epochs of minibatches of 64, Adam 3e-4) but target_kl=None so that every
+update runs all 10 epochs (equal work), on one fixed batch of 2,048 random rows. Two warm-up updates (the first one
+traces the graphs), then ``--updates`` timed ones; the variant's figure is their median. The variants run in an order
+that alternates from repeat to repeat, and the ratios to the baseline pair runs of the same repeat.
+
+Variants (the levers are those of algos/ppo.py, algos/policy.py and algos/adam.py, turned off one at a time by
+patching this checkout in the child process, nothing else changed):
+
+- BASELINE: ``git archive BASELINE algos mpi_util`` run as train.py ran it then (intra-op threads = CPUs, 2 inter-op);
+- now: this checkout with train.py's thread settings (1 intra-op thread, inter-op min(2, CPUs));
+- now, Keras Adam: keras.optimizers.Adam instead of the fused kernel (FusedAdam);
+- now, Keras layers: the networks called as Keras models instead of raw matmul/bias_add/tanh ops;
+- now, graph loop: an epoch's minibatch steps in a tf.range loop instead of unrolled;
+- now, intra-op = CPUs: train.py's thread settings before this change;
+- now, XLA step: each minibatch step compiled with jit_compile=True;
+- now, oneDNN off: TF_ENABLE_ONEDNN_OPTS=0.
+
+Writes runs.csv and results.md to ``--out`` (default benchmarks/results/update/) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from scaling import fmt, load_average, machine_lines, median, pretty_command, table, write_csv
+
+REPO = Path(__file__).resolve().parent.parent
+LEVERS = ("keras_adam", "keras_layers", "graph_loop", "intra_all", "xla_step", "onednn_off")
+LABELS = {"keras_adam": "now, Keras Adam", "keras_layers": "now, Keras layers", "graph_loop": "now, graph loop",
+          "intra_all": "now, intra-op = CPUs", "xla_step": "now, XLA step", "onednn_off": "now, oneDNN off"}
+
+
+def turn_off(lever: str) -> None:
+    """Patch this checkout's learner (already imported) back to the formulation before ``lever``."""
+    import keras
+    import tensorflow as tf
+
+    import algos.policy
+    import algos.ppo
+
+    if lever == "keras_adam":
+        class KerasAdam:
+            def __init__(self, trained: list, learning_rate: float, epsilon: float = 1e-7) -> None:
+                self.trained = trained
+                self.optimizer = keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
+                self.optimizer.build(trained)
+                self.learning_rate = self.optimizer._learning_rate
+
+            def apply(self, grads: list) -> None:
+                self.optimizer.apply_gradients(zip(grads, self.trained, strict=True))
+
+        algos.ppo.FusedAdam = KerasAdam
+    elif lever == "keras_layers":
+        models: dict[int, Any] = {}
+        original_init = algos.policy.ActorCritic.__init__
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            original_init(self, *args, **kwargs)
+            models[id(self._pi_weights)], models[id(self._v_weights)] = self.pi_net, self.v_net
+
+        algos.policy.ActorCritic.__init__ = init
+        algos.policy._mlp = lambda weights, x: models[id(weights)](x)
+    elif lever == "graph_loop":
+        def epoch(self: Any, obs: Any, act: Any, adv: Any, v_target: Any, old_logp: Any, perm: Any) -> Any:
+            mb = self.cfg.minibatch_size
+            n = tf.shape(perm)[0]
+            sums = tf.zeros(5)
+            for start in tf.range(0, n, mb):
+                sums += self._minibatch_step(obs, act, adv, v_target, old_logp, perm[start : start + mb])
+            return sums / tf.cast((n + mb - 1) // mb, tf.float32)
+
+        algos.ppo.PPO._train_epoch_fn = epoch
+    elif lever == "xla_step":
+        step = algos.ppo.PPO._minibatch_step
+        compiled: dict[int, Any] = {}
+
+        def jit_step(self: Any, *args: Any) -> Any:
+            if id(self) not in compiled:
+                compiled[id(self)] = tf.function(lambda *a: step(self, *a), jit_compile=True)
+            return compiled[id(self)](*args)
+
+        algos.ppo.PPO._minibatch_step = jit_step
+
+
+def child(tree: Path, intra_threads: int, lever: str, updates: int) -> None:
+    """Time ``updates`` PPO updates of the checkout at ``tree``; print {"t_update": [s, ...]} as JSON."""
+    sys.path.insert(0, str(tree))
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import gymnasium
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(intra_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(min(2, os.cpu_count() or 1))
+    tf.config.experimental.enable_op_determinism()  # as train.py runs it
+    from algos import PPO, ActorCritic, PPOConfig
+
+    if lever not in ("", "intra_all", "onednn_off"):
+        turn_off(lever)
+    keras.utils.set_random_seed(0)
+    ac = ActorCritic(17, gymnasium.spaces.Box(-1.0, 1.0, (6,), np.float32))
+    ppo = PPO(ac, PPOConfig(target_kl=None), seed=0)
+    rng = np.random.default_rng(0)
+    rows = 2048
+    batch = (rng.normal(size=(rows, 17)).astype(np.float32), rng.normal(size=(rows, 6)).astype(np.float32),
+             rng.normal(size=rows), rng.normal(size=rows))
+    for _ in range(2):
+        ppo.update(*batch)
+    times = []
+    for _ in range(updates):
+        start = time.perf_counter()
+        ppo.update(*batch)
+        times.append(time.perf_counter() - start)
+    print(json.dumps({"t_update": times}))
+
+
+def run_variant(name: str, tree: Path, lever: str, intra: int, updates: int) -> dict[str, Any]:
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0" if lever == "onednn_off" else "1"}
+    load = load_average()
+    result = subprocess.run(
+        [sys.executable, __file__, "--child", str(tree), "--intra", str(intra), "--lever", lever,
+         "--updates", str(updates)], capture_output=True, text=True, env=env, timeout=600, check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"update.py: {name} failed:\n{result.stderr[-3000:]}")
+    times = json.loads(result.stdout.strip().splitlines()[-1])["t_update"]
+    return {"variant": name, "t_update_s": median(times), "t_update_min_s": min(times), "intra_op_threads": intra,
+            "load_before": load}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", default="f218846", help="the commit to compare with (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default: %(default)s)")
+    parser.add_argument("--updates", type=int, default=10, help="timed updates per run (default: %(default)s)")
+    parser.add_argument("--levers", default=",".join(LEVERS),
+                        help="comma-separated levers to turn off one at a time, or '' (default: all)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "update",
+                        help="where runs.csv and results.md go (default: %(default)s)")
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--intra", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--lever", default="", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    if args.child is not None:
+        child(args.child, args.intra, args.lever, args.updates)
+        return 0
+    levers = [lever for lever in args.levers.split(",") if lever]
+    unknown = sorted(set(levers) - set(LEVERS))
+    if unknown:
+        raise SystemExit(f"update.py: error: unknown lever(s) {unknown}; choose from {', '.join(LEVERS)}")
+    started = time.monotonic()
+    runs = []
+    with tempfile.TemporaryDirectory() as scratch:
+        old_tree = Path(scratch) / args.baseline
+        old_tree.mkdir()
+        archive = subprocess.run(["git", "archive", args.baseline, "algos", "mpi_util"], cwd=REPO,
+                                 capture_output=True, check=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(old_tree, filter="data")
+        cpus = os.cpu_count() or 1
+        # (name, checkout, lever turned off, intra-op threads)
+        variants = [(args.baseline, old_tree, "", cpus), ("now", REPO, "", 1)]
+        variants += [(LABELS[lever], REPO, lever, cpus if lever == "intra_all" else 1) for lever in levers]
+        for repeat in range(args.repeats):
+            for name, tree, lever, intra in variants if repeat % 2 == 0 else variants[::-1]:
+                run = {**run_variant(name, tree, lever, intra, args.updates), "repeat": repeat}
+                runs.append(run)
+                print(f"repeat {repeat} {name}: t_update {run['t_update_s'] * 1000:.1f} ms", flush=True)
+    for run in runs:
+        base = next(r for r in runs if r["repeat"] == run["repeat"] and r["variant"] == args.baseline)
+        now = next(r for r in runs if r["repeat"] == run["repeat"] and r["variant"] == "now")
+        run["ratio_to_baseline"] = run["t_update_s"] / base["t_update_s"]
+        run["ratio_to_now"] = run["t_update_s"] / now["t_update_s"]
+    rows = []
+    for name, *_ in variants:
+        mine = [r for r in runs if r["variant"] == name]
+        rows.append([name, mine[0]["intra_op_threads"], fmt(median([r["t_update_s"] for r in mine]) * 1000, 1),
+                     ", ".join(f"{r['ratio_to_baseline']:.2f}" for r in mine),
+                     ", ".join(f"{r['ratio_to_now']:.2f}" for r in mine)])
+    header = ["variant", "intra-op threads", "t_update (ms, median)", f"t_update / {args.baseline} (per repeat)",
+              "t_update / now (per repeat)"]
+    text = table(header, rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "runs.csv", runs)
+    loads = ", ".join(f"r{r['repeat']} {r['variant']}: {r['load_before']:.2f}" for r in runs)
+    lines = machine_lines(pretty_command(), time.monotonic() - started, loads)
+    lines.insert(1, f"- each run: PPO update of Walker2d's ActorCritic on a fixed 2,048-row batch, 10 epochs x 32 "
+                    f"minibatches, target_kl off; median of {args.updates} updates after 2 warm-up ones; "
+                    f"{args.repeats} interleaved repeats")
+    (args.out / "results.md").write_text("\n".join(lines) + "\n\n" + text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
