@@ -104,8 +104,8 @@ num_iterations = args.total_timesteps // (args.num_envs * args.num_steps)
 fork = mpi_util.mpi_fork(args.nprocs)  # mpi_util: relaunch this script as nprocs ranks
 if fork == "parent":  # mpi_util
     sys.exit(fork.returncode)  # mpi_util: the job has ended
-if args.num_envs % mpi_util.nworkers and mpi_util.rank == 0:  # mpi_util
-    mpi_util.abort(f"--num_envs {args.num_envs} is not a multiple of {mpi_util.nworkers} processes", code=2)  # mpi_util
+if args.num_envs % mpi_util.nworkers and mpi_util.rank == 0:  # mpi_util: every rank gets as many envs
+    mpi_util.abort(f"--num_envs {args.num_envs}: pass a multiple of the {mpi_util.nworkers} ranks", code=2)  # mpi_util
 args.num_envs //= mpi_util.nworkers  # mpi_util: this rank's envs
 mpi_util.set_global_seeds(args.seed)  # mpi_util: seeds random, numpy, torch; each rank its own stream
 
