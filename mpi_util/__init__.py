@@ -15,8 +15,8 @@ The recipe, run by every rank::
 
 Modules: process (ranks, printing, abort), collective (ranks meet, then data moves), host (the one-host transport:
 doorbell, shared-memory exchange, broadcast window and gather segments), stall (stall limits and who to blame),
-gather, bcast, reduce, budget, gpu, launch, seeding, cpus (the CPUs this process was given); shm and wakeup are the
-shared-memory and futex primitives.
+gather, bcast, reduce, running_stats (normalizer statistics merged over ranks), budget, gpu, launch, seeding, cpus
+(the CPUs this process was given); shm and wakeup are the shared-memory and futex primitives.
 """
 
 from .bcast import WeightMismatchError, bcast_object, rank0_bcast_wts, ranks_out_of_sync
@@ -27,6 +27,7 @@ from .gpu import check_gpu_pct, gpu_for_rank, setup_gpu, tf_config
 from .launch import ForkResult, MpiexecNotFoundError, find_mpiexec, mpi_fork, under_mpi_launcher
 from .process import abort, install_abort_on_exception, local_rank, nworkers, print0, rank, stdout_is_terminal
 from .reduce import all_mean, all_sum
+from .running_stats import Moments, SharedRunningStats, merge_moments, read_moments, write_moments
 from .seeding import rank_seed, set_global_seeds
 from .stall import CollectiveStallError, heartbeat, parse_stall_timeout, set_stall_timeout, stall_deadline
 from .supervise import JobFailure
@@ -36,8 +37,10 @@ __all__ = [
     "CollectiveStallError",
     "ForkResult",
     "JobFailure",
+    "Moments",
     "MpiexecNotFoundError",
     "SharedBudget",
+    "SharedRunningStats",
     "WeightMismatchError",
     "abort",
     "all_mean",
@@ -51,6 +54,7 @@ __all__ = [
     "heartbeat",
     "install_abort_on_exception",
     "local_rank",
+    "merge_moments",
     "mpi_fork",
     "nworkers",
     "parse_stall_timeout",
@@ -60,6 +64,7 @@ __all__ = [
     "rank0_bcast_wts",
     "rank_seed",
     "ranks_out_of_sync",
+    "read_moments",
     "set_global_seeds",
     "set_stall_timeout",
     "setup_gpu",
@@ -67,4 +72,5 @@ __all__ = [
     "stdout_is_terminal",
     "tf_config",
     "under_mpi_launcher",
+    "write_moments",
 ]
