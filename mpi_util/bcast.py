@@ -363,13 +363,24 @@ def bcast_object(obj: Any, comm: MPI.Comm | None = None) -> Any:
     return pickle.loads(buffer.tobytes())
 
 
+def _read_all(x: Any) -> list[np.ndarray]:
+    """Every value in ``x``, to read: what rank0_bcast_wts takes, else (a dict, JAX arrays, numbers: nothing is
+    written here) a tree as rank0_bcast_tree takes it."""
+    try:
+        return [_read(leaf) for leaf in _flatten(x)]
+    except TypeError:
+        leaves: list[_Leaf] = []
+        _walk_tree(x, "tree", leaves, [])
+        return [np.asarray(leaf) for _, leaf in leaves]
+
+
 def ranks_out_of_sync(x: Any, comm: MPI.Comm | None = None) -> list[int]:
     """The ranks whose values of ``x`` differ from rank 0's in any bit (shapes and dtypes included), on every rank;
-    [] when every rank holds the same. x: anything rank0_bcast_wts takes. One small exchange of a 63-bit digest per
-    rank, no data moved. Every rank must call it."""
+    [] when every rank holds the same. x: anything rank0_bcast_wts or rank0_bcast_tree takes. One small exchange of
+    a 63-bit digest per rank, no data moved. Every rank must call it."""
     comm = COMM_WORLD if comm is None else comm
     digest = hashlib.blake2b(digest_size=8)
-    for value in (_read(leaf) for leaf in _flatten(x)):
+    for value in _read_all(x):
         digest.update(repr((value.shape, value.dtype.str)).encode())
         digest.update(value.tobytes())
     mine = int.from_bytes(digest.digest(), "little") >> 1
