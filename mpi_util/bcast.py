@@ -220,8 +220,8 @@ def _mapping_keys(node: Mapping) -> list[Any]:
 
 
 def _registered_children(node: Any) -> tuple[list[tuple[str, Any]], Any] | None:
-    """The children of a node of a pytree type registered with JAX (a flax.struct dataclass, a TrainState, an nnx
-    State, an equinox Module) as (key path, child), and the treedef that rebuilds the node from new children; None
+    """The children of a node of a pytree type registered with JAX (jax.tree_util.register_dataclass, a flax.struct
+    dataclass) as (key path, child), and the treedef that rebuilds the node from new children; None
     when JAX is not imported or holds ``node`` for a leaf. JAX is never imported here: a caller holding such a node
     has imported it already."""
     jax = sys.modules.get("jax")
@@ -316,8 +316,8 @@ def rank0_bcast_tree(tree: Any, comm: MPI.Comm | None = None) -> Any:
     rank0_bcast_wts, for values that cannot be written in place (JAX arrays, numbers) and for dicts.
 
     tree: a pytree as JAX sees one: nested dicts (flax parameters; any Mapping), lists, tuples and namedtuples (optax
-    states), None (an empty subtree, kept), and, when JAX is imported, nodes of types registered with it
-    (flax.struct dataclasses); leaves are arrays of any shape (0-d included) and numeric or bool dtype (numpy, JAX,
+    states), None (an empty subtree, kept), and, when JAX is imported, nodes of types registered with its pytree
+    registry; leaves are arrays of any shape (0-d included) and numeric or bool dtype (numpy, JAX,
     anything with __array__), numpy scalars and Python numbers. Every rank passes the same structure, leaf shapes
     and dtypes, else WeightMismatchError on every rank naming the rank and the first leaf path (tree['w'].mu) or
     container that differs.

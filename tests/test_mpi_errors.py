@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -161,9 +162,11 @@ def test_rank0_bcast_wts_refuses_what_it_cannot_write_in_place_naming_the_fix():
 
 
 def test_rank0_bcast_tree_single_process_returns_a_copy_and_refuses_non_numeric_leaves():
-    tree = {"w": np.arange(3.0), "step": np.int64(7), "lr": 0.5, "done": False, "none": None}
+    tree = {"w": np.arange(3.0), "step": np.int64(7), "lr": 0.5, "done": False, "none": None,
+            "frozen": types.MappingProxyType({"b": np.ones(2, np.float32)})}
     got = mpi_util.rank0_bcast_tree(tree)
     assert got.keys() == tree.keys() and got["none"] is None
+    assert type(got["frozen"]) is types.MappingProxyType and got["frozen"]["b"].dtype == np.float32
     assert type(got["step"]) is np.int64 and got["step"] == 7
     assert type(got["lr"]) is float and type(got["done"]) is bool
     assert not np.shares_memory(got["w"], tree["w"]) and got["w"].tolist() == [0.0, 1.0, 2.0]
