@@ -147,6 +147,15 @@ def test_bcast_keras_tf_module_variables_bit_exact(run_mpi, tmp_path, nprocs):
                                    "mixed_list"])
 
 
+def test_bcast_torch_module_with_a_0d_buffer(run_mpi, tmp_path):
+    # BatchNorm's num_batches_tracked is a 0-d tensor: read as a (1,) array (np.ascontiguousarray), it failed to copy
+    # back ("output with shape [] doesn't match the broadcast shape [1]") and the job died.
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch not installed (pip install -e '.[test]')")
+    run_mpi(2, "bcast_cases.py", str(tmp_path), "torch", timeout=120)
+    check_bcast(tmp_path, 2, ["numpy_list", "torch_module"])
+
+
 def check_bcast(tmp_path, nprocs: int, cases: list[str]) -> None:
     for case in cases:
         source = list(load(tmp_path / f"{case}_before_0.npz").values())
