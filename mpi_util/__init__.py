@@ -19,7 +19,7 @@ gather, bcast, reduce, running_stats (normalizer statistics merged over ranks), 
 (the CPUs this process was given); shm and wakeup are the shared-memory and futex primitives.
 """
 
-from .bcast import WeightMismatchError, bcast_object, rank0_bcast_wts, ranks_out_of_sync
+from .bcast import WeightMismatchError, bcast_object, rank0_bcast_tree, rank0_bcast_wts, ranks_out_of_sync
 from .budget import SharedBudget
 from .cpus import cpus_available
 from .gather import BatchMismatchError, gather_objects, rank0_accum_batches
@@ -61,6 +61,7 @@ __all__ = [
     "print0",
     "rank",
     "rank0_accum_batches",
+    "rank0_bcast_tree",
     "rank0_bcast_wts",
     "rank_seed",
     "ranks_out_of_sync",

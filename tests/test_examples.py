@@ -13,14 +13,17 @@ EXAMPLES = REPO / "examples"
 
 
 # (framework, iterations, steps per batch): a budget each learns well within (last 5 iterations seen: torch about
-# 350, Keras about 240); random play scores about 22.
-BUDGETS = [("torch", 25, 4000), ("keras", 20, 3000)]
+# 350, Keras about 240, JAX about 255); random play scores about 22.
+BUDGETS = [("torch", 25, 4000), ("keras", 20, 3000), ("jax", 20, 3000)]
+# What each framework's example imports beyond the project's own requirements.
+NEEDS = {"jax": ["jax", "optax"]}
 
 
 @pytest.mark.parametrize(("framework", "iterations", "batch_size"), BUDGETS)
 def test_policy_gradient_learns_on_two_ranks_with_identical_weights(framework, iterations, batch_size):
-    if importlib.util.find_spec(framework) is None:
-        pytest.skip(f"{framework} not installed (pip install -e '.[test]')")
+    missing = [module for module in NEEDS.get(framework, [framework]) if importlib.util.find_spec(module) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed (pip install -e '.[test]')")
     result = run_bounded([sys.executable, str(EXAMPLES / f"{framework}_pg_mpi.py"), "--nprocs", "2",
                           "--iterations", str(iterations), "--batch_size", str(batch_size)], timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -31,7 +34,7 @@ def test_policy_gradient_learns_on_two_ranks_with_identical_weights(framework, i
     assert result.stderr == ""
 
 
-@pytest.mark.parametrize("plain_script", ["torch_pg.py", "keras_pg.py", "sb3_ppo.py", "cleanrl_ppo.py"])
+@pytest.mark.parametrize("plain_script", ["torch_pg.py", "keras_pg.py", "sb3_ppo.py", "cleanrl_ppo.py", "jax_pg.py"])
 def test_parallel_example_differs_from_its_plain_script_by_the_recipe_only(plain_script):
     # Every line the parallel version adds or changes carries the mark "# mpi_util", or is the docstring, an import
     # for the fork's exit, ruff's "isort: split" (mpi_util.sb3 goes before SB3), or a line moved (under

@@ -3,6 +3,7 @@ compared with the answer computed sequentially."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -146,6 +147,15 @@ def test_bcast_keras_tf_module_variables_bit_exact(run_mpi, tmp_path, nprocs):
                                    "mixed_list"])
 
 
+def test_bcast_torch_module_with_a_0d_buffer(run_mpi, tmp_path):
+    # BatchNorm's num_batches_tracked is a 0-d tensor: read as a (1,) array (np.ascontiguousarray), it failed to copy
+    # back ("output with shape [] doesn't match the broadcast shape [1]") and the job died.
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch not installed (pip install -e '.[test]')")
+    run_mpi(2, "bcast_cases.py", str(tmp_path), "torch", timeout=120)
+    check_bcast(tmp_path, 2, ["numpy_list", "torch_module"])
+
+
 def check_bcast(tmp_path, nprocs: int, cases: list[str]) -> None:
     for case in cases:
         source = list(load(tmp_path / f"{case}_before_0.npz").values())
@@ -276,3 +286,37 @@ def test_object_collectives_and_sync_check(run_mpi, tmp_path, nprocs):
         np.testing.assert_array_equal(got[r]["bcast_large"], np.arange(5 << 20, dtype=np.float32))
         assert got[r]["in_sync"] == []
         assert got[r]["one_rank_off"] == ([nprocs - 1] if nprocs > 1 else [])
+
+
+def test_bcast_tree_returns_rank0_values_in_each_rank_structure(run_mpi, tmp_path):
+    # With JAX installed, the same job also broadcasts JAX arrays, an optax Adam state and a registered dataclass.
+    with_jax = ["jax"] if importlib.util.find_spec("jax") and importlib.util.find_spec("optax") else []
+    run_mpi(3, "tree_cases.py", str(tmp_path), *with_jax, timeout=120)
+    got = [json.loads((tmp_path / f"tree_{r}.json").read_text()) for r in range(3)]
+    for case in ["numpy"] + (["jax"] if with_jax else []):
+        assert got[1][case]["before"] != got[0][case]["before"], case  # the ranks really started different
+        # A JAX array comes back a numpy array of the same dtype, shape and bytes.
+        source = [str(entry).replace("'ArrayImpl'", "'ndarray'") for entry in got[0][case]["before"]]
+        for r in range(3):
+            # Same containers, leaf types, dtypes, shapes and bytes as rank 0's input; each rank keeps its own dict
+            # insertion order; the input is left as it was.
+            after = got[r][case]["after"]
+            assert sorted(map(str, after)) == sorted(source), (case, r)
+            assert got[r][case]["input_after"] == got[r][case]["before"], (case, r)
+            if case == "numpy":
+                assert [e[0] for e in after] == [e[0] for e in got[r][case]["before"]], r
+    for r in range(3):
+        assert got[r]["zero_d_in_place"] == [0.25, 0], r
+        assert got[r]["alive"] == 3
+    fragments = {
+        "key": "rank 2 has leaf tree['b'] where rank 0 has tree['a']",
+        "shape": "rank 2 leaf tree['opt'].mu[0] is float64[2, 3] but rank 0 has float64[3, 2]",
+        "container": "rank 2 has tree['layers']: tuple where rank 0 has tree['layers']: list",
+        "count": "rank 2 has 3 leaves but rank 0 has 2",
+    }
+    for case, fragment in fragments.items():
+        messages = {got[r]["errors"][case] for r in range(3)}
+        assert len(messages) == 1, messages  # the same error on every rank
+        message = messages.pop()
+        assert message.startswith("WeightMismatchError: rank0_bcast_tree: ") and fragment in message, message
+        assert message.endswith("build the same tree on every rank") and "\n" not in message, message

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -144,3 +145,32 @@ def test_documented_auto_defaults():
     assert mpi_util.parse_stall_timeout("2.5") == 2.5
     with pytest.raises(ValueError, match="--stall_timeout must be 'auto'"):
         mpi_util.parse_stall_timeout("inf", "--stall_timeout")
+
+
+def test_rank0_bcast_wts_refuses_what_it_cannot_write_in_place_naming_the_fix():
+    # A 0-d array is written in place (tested at 3 ranks in test_mpi_collectives); numbers, numpy scalars and dicts
+    # are not arrays that can be overwritten, and the message names what to use instead.
+    for scalar, name in [(np.float64(1.0), "float64"), (2.5, "float"), (np.int32(3), "int32")]:
+        with pytest.raises(TypeError, match=rf"^rank0_bcast_wts: a {name} scalar cannot be overwritten in place; "
+                                            r"hold it in a 0-d array \(np.array\(value\).*rank0_bcast_tree"):
+            mpi_util.rank0_bcast_wts([np.zeros(2), scalar])
+    with pytest.raises(TypeError, match=r"cannot broadcast a dict.*use x = rank0_bcast_tree\(x\)"):
+        mpi_util.rank0_bcast_wts({"w": np.zeros(2)})
+    zero_d = np.array(4.0)
+    mpi_util.rank0_bcast_wts([zero_d])
+    assert zero_d.shape == () and zero_d == 4.0
+
+
+def test_rank0_bcast_tree_single_process_returns_a_copy_and_refuses_non_numeric_leaves():
+    tree = {"w": np.arange(3.0), "step": np.int64(7), "lr": 0.5, "done": False, "none": None,
+            "frozen": types.MappingProxyType({"b": np.ones(2, np.float32)})}
+    got = mpi_util.rank0_bcast_tree(tree)
+    assert got.keys() == tree.keys() and got["none"] is None
+    assert type(got["frozen"]) is types.MappingProxyType and got["frozen"]["b"].dtype == np.float32
+    assert type(got["step"]) is np.int64 and got["step"] == 7
+    assert type(got["lr"]) is float and type(got["done"]) is bool
+    assert not np.shares_memory(got["w"], tree["w"]) and got["w"].tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(TypeError, match=r"^rank0_bcast_tree: tree\['name'\] is a str; leaves must be arrays"):
+        mpi_util.rank0_bcast_tree({"name": "x", "w": np.zeros(1)})
+    with pytest.raises(TypeError, match=r"^rank0_bcast_tree: leaf tree\[0\] has dtype object"):
+        mpi_util.rank0_bcast_tree([np.array([None])])

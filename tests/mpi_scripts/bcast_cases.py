@@ -1,5 +1,6 @@
 """Every rank builds differently initialised models and arrays, then rank0_bcast_wts; each rank saves its values
-before and after into argv[1]. argv[2] == "tf" adds Keras, tf.Module and tf.Variable cases (slow to import).
+before and after into argv[1]. argv[2] == "tf" adds Keras, tf.Module and tf.Variable cases (slow to import),
+argv[2] == "torch" a torch module whose BatchNorm holds a 0-d buffer (num_batches_tracked).
 
 With BCAST_FILE_LIMIT=N in the environment, files larger than N bytes cannot be written during the broadcasts
 (RLIMIT_FSIZE, as a small /dev/shm refuses them): the shared-memory window a broadcast on one host goes through
@@ -17,7 +18,7 @@ import mpi_util
 from mpi_util.host import transport
 from mpi_util.process import COMM_WORLD
 
-out_dir, with_tf = Path(sys.argv[1]), len(sys.argv) > 2 and sys.argv[2] == "tf"
+out_dir, framework = Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else ""
 rank = mpi_util.rank
 rng = np.random.default_rng(rank)
 
@@ -28,6 +29,7 @@ numpy_list = [
     rng.integers(0, 100, 5).astype(np.int32),
     rng.random(4) < 0.5,
     np.zeros((0, 3), np.float32),
+    np.array(rank + 0.5),  # 0-d: written in place
 ]
 # After numpy_list, each larger than any before: variables of 256 KiB and more travel on their own, and on one host
 # the shared-memory window the broadcast goes through must grow (from 64 KiB to 1.2 MB, then to 8 MB).
@@ -36,7 +38,7 @@ cases = {
     "large": [rng.standard_normal(300_000).astype(np.float32), rng.standard_normal(10)],
     "larger": [rng.standard_normal((1000, 2000)).astype(np.float32), rng.integers(0, 9, 3)],
 }
-if with_tf:
+if framework == "tf":
     import keras
     import tensorflow as tf
 
@@ -51,11 +53,21 @@ if with_tf:
     cases["keras_model"] = model
     cases["tf_module"] = Affine()
     cases["tf_variables"] = [tf.Variable(tf.random.normal((7,))), tf.Variable(tf.random.uniform((2, 2), maxval=9,
-                                                                                                dtype=tf.int32))]
+                                                                                                dtype=tf.int32)),
+                             tf.Variable(tf.random.normal(()))]
     cases["mixed_list"] = [tf.Variable(tf.random.normal((3,))), rng.standard_normal(3)]
+if framework == "torch":
+    import torch
+
+    torch.manual_seed(rank)
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    module[1].num_batches_tracked.fill_(rank + 5)  # 0-d int64; a (1,) copy of it cannot be written back
+    cases["torch_module"] = module
 
 
 def values(x) -> list[np.ndarray]:
+    if hasattr(x, "state_dict"):
+        return [v.detach().numpy().copy() for v in x.state_dict().values()]
     if isinstance(x, list):
         return [v if isinstance(v, np.ndarray) else v.numpy() for v in x]
     if hasattr(x, "get_weights"):
