@@ -6,6 +6,7 @@ SB3 and torch run in subprocesses only: the pytest process imports TensorFlow in
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 import time
@@ -192,3 +193,20 @@ def test_a_buffer_with_an_array_nobody_named_is_refused_on_every_rank_then_gathe
                 "know how to gather: costs; name the axis that indexes envs of each, for example "
                 "parallelize(model, env_axes={'costs': 1})") in result.stdout, result.stdout
     assert "with env_axes: trained rows 64" in result.stdout
+
+
+def test_callbacks_run_on_rank_0_alone_with_every_ranks_steps_and_its_stop_ends_every_rank(tmp_path):
+    # rank 0 steps 2 envs and rank 1 one: 3 steps over all ranks per step, 96 per 32-step iteration
+    started = time.monotonic()
+    result = mpiexec(2, "sb3_cases.py", "callbacks", str(tmp_path), timeout=60)
+    record = json.loads((tmp_path / "record_rank0.json").read_text())
+    assert record == {"start": 1, "steps": list(range(3, 3 * 96 + 1, 3)), "end": 1}
+    assert not (tmp_path / "record_rank1.json").exists()  # rank 1's copy was never called, not even at the start
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "rank0_192_steps.zip", "rank0_288_steps.zip", "rank0_96_steps.zip"]  # every 32 calls, named by global steps
+    assert [p.name for p in tmp_path.glob("eval_rank*")] == ["eval_rank0"]
+    assert np.load(tmp_path / "eval_rank0" / "evaluations.npz")["timesteps"].tolist() == [192]  # after 64 calls
+    # rank 0's callback stopped its 40th step (120 steps in all): both ranks leave learn with rank 0's count
+    assert re.search(r"rank 0: stopped after [\d.]+ s at num_timesteps 120, env 0 stepped 136 times", result.stdout)
+    assert re.search(r"rank 1: stopped after [\d.]+ s at num_timesteps 120, env 0 stepped 160 times", result.stdout)
+    assert time.monotonic() - started < 60
