@@ -73,9 +73,11 @@ def test_merged_statistics_are_those_of_all_samples():
     np.testing.assert_allclose(var, everything.var(axis=0), rtol=1e-10)
 
 
-def test_ppo_example_learns_on_two_ranks_with_identical_weights_and_quiet_stderr():
+def test_ppo_example_learns_on_two_ranks_with_identical_weights_and_quiet_stderr_and_evaluates_in_one_process(
+        tmp_path):
+    saved = tmp_path / "ppo"
     result = run_bounded([sys.executable, str(REPO / "examples" / "sb3_ppo_mpi.py"), "--nprocs", "2",
-                          "--total_steps", "20000"], timeout=240)
+                          "--total_steps", "20000", "--save", str(saved)], timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     found = re.search(r"20480 steps, mean return of the last (\d+) episodes ([\d.]+)", result.stdout)
     assert found, result.stdout
@@ -83,6 +85,12 @@ def test_ppo_example_learns_on_two_ranks_with_identical_weights_and_quiet_stderr
     assert int(found.group(1)) == 100 and float(found.group(2)) > 100, result.stdout
     assert "ranks whose weights differ from rank 0's: []" in result.stdout
     assert result.stderr == ""  # no TensorFlow start-up lines: tensorboard did not import it
+    # rank 0 saved the model and the VecNormalize statistics; a plain process (no MPI) loads both, frozen
+    evaluation = run_bounded([sys.executable, str(REPO / "examples" / "sb3_evaluate.py"), str(saved),
+                              "--episodes", "5"], timeout=120)
+    assert evaluation.returncode == 0, evaluation.stderr[-3000:]
+    found = re.search(r"mean return over 5 episodes ([\d.]+)", evaluation.stdout)
+    assert found and float(found.group(1)) > 100, evaluation.stdout  # seen: 500 (the most CartPole-v1 pays)
 
 
 LOGS_WITHOUT_TENSORFLOW = """
