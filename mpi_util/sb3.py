@@ -1,4 +1,5 @@
-"""Stable-Baselines3's on-policy algorithms (PPO, A2C) on N MPI processes, SB3 itself unmodified.
+"""Stable-Baselines3's on-policy algorithms (PPO, A2C; sb3-contrib's TRPO, MaskablePPO, RecurrentPPO) on N MPI
+processes, SB3 itself unmodified.
 
 A user's SB3 script gains these lines (run by every rank)::
 
@@ -17,7 +18,14 @@ What ``parallelize`` changes, per iteration of SB3's own ``learn`` loop:
   own ``train()`` on it; the other ranks skip ``train()``;
 - the policy's parameters and buffers (and a VecNormalize's statistics) are broadcast from rank 0, bit for bit;
 - ``num_timesteps`` counts every rank's steps, so ``learn(total_timesteps)`` means steps over all ranks; rank 0's
-  logs (ep_rew_mean, fps) cover every rank's episodes; the other ranks log nothing.
+  logs (ep_rew_mean, fps) cover every rank's episodes; the other ranks log nothing;
+- the callbacks given to ``learn`` run on rank 0 alone (on the other ranks they are never called), where
+  ``num_timesteps`` grows by every rank's envs at each step; a stop from one ends ``learn`` on every rank in the same
+  iteration.
+
+Rank 0's buffer holds each array of the ranks' buffers joined along its env axis in rank order: SB3's, MaskablePPO's
+action masks, RecurrentPPO's LSTM states (n_steps, n_layers, n_envs, hidden_size). A buffer with any other array is
+refused unless ``parallelize``'s ``env_axes`` names it.
 
 GPUs: ``rank_device()`` is SB3's ``device="auto"`` with each rank on its own GPU (``mpi_util.gpu_for_rank``: local
 rank modulo the GPUs it sees), "cpu" without CUDA. A model built with "auto" or "cuda" (which mean GPU 0 to torch, on
