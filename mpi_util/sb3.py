@@ -378,8 +378,9 @@ def _fresh_seed() -> int:
     return int(np.random.SeedSequence().generate_state(1)[0])
 
 
-def _prepare_rank(model: Any, rank: int) -> int:
-    """Check ``model`` and, on ranks r > 0, re-seed it and silence its logger; returns its number of envs."""
+def _prepare_rank(model: Any, rank: int, env_axes: Mapping[str, int]) -> tuple[int, dict[str, int]]:
+    """Check ``model`` and, on ranks r > 0, re-seed it and silence its logger; returns its number of envs and its
+    buffer's arrays with their env axes (see ``_buffer_env_axes``). A check that fails leaves the model as it was."""
     if not (hasattr(model, "collect_rollouts") and hasattr(model, "rollout_buffer") and hasattr(model, "n_steps")):
         raise TypeError(
             f"parallelize: expected a Stable-Baselines3 on-policy model such as PPO or A2C, got "
@@ -389,6 +390,7 @@ def _prepare_rank(model: Any, rank: int) -> int:
         raise ValueError("parallelize: this model is already parallel; call parallelize once per model")
     if model.env is None:
         raise ValueError("parallelize: the model has no env; pass this rank's env when building it")
+    axes = _buffer_env_axes(model.rollout_buffer, env_axes)
     if model.device.type == "cuda" and model.device.index is None:
         _move_to_rank_gpu(model)
     if rank > 0:
@@ -400,7 +402,7 @@ def _prepare_rank(model: Any, rank: int) -> int:
 
         model.set_logger(Logger(folder=None, output_formats=[]))
         model.verbose = 0
-    return int(model.rollout_buffer.n_envs)
+    return int(model.rollout_buffer.n_envs), axes
 
 
 def _agree(comm: MPI.Comm, failure: Exception | None, value: int) -> list[int]:
@@ -440,8 +442,7 @@ def parallelize(model: Model, comm: MPI.Comm | None = None, env_axes: Mapping[st
     # then all agree before any collective of SB3's own, so that a failure is an error on every rank instead of the
     # other ranks waiting in a collective for a rank that has left.
     try:
-        n_envs = _prepare_rank(model, comm.Get_rank())
-        axes = _buffer_env_axes(model.rollout_buffer, env_axes or {})  # type: ignore[attr-defined]
+        n_envs, axes = _prepare_rank(model, comm.Get_rank(), env_axes or {})
         failure = None
     except Exception as error:
         n_envs, axes, failure = 0, {}, error
