@@ -16,7 +16,8 @@ parser.add_argument("--total_steps", type=int, default=50_000, help="environment
 parser.add_argument("--n_envs", type=int, default=1, help="envs in the VecEnv (default: %(default)s)")
 parser.add_argument("--n_steps", type=int, default=1024, help="steps per env per rollout (default: %(default)s)")
 parser.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
-parser.add_argument("--save", default="", help="save the model to this path at the end (default: no)")
+parser.add_argument("--save", default="", metavar="PATH",
+                    help="at the end save the model (PATH.zip) and its VecNormalize (PATH_vecnormalize.pkl)")
 args = parser.parse_args()
 
 env = VecNormalize(make_vec_env(args.env, n_envs=args.n_envs, seed=args.seed))
@@ -30,3 +31,5 @@ print(f"{model.num_timesteps} steps, mean return of the last {len(episodes)} epi
       f"{sum(e['r'] for e in episodes) / max(len(episodes), 1):.1f}")
 if args.save:
     model.save(args.save)
+    # the observation statistics the policy learnt with: evaluation needs them too (examples/sb3_evaluate.py)
+    model.get_vec_normalize_env().save(f"{args.save}_vecnormalize.pkl")

@@ -25,7 +25,8 @@ parser.add_argument("--total_steps", type=int, default=50_000, help="environment
 parser.add_argument("--n_envs", type=int, default=1, help="envs in the VecEnv (default: %(default)s)")
 parser.add_argument("--n_steps", type=int, default=1024, help="steps per env per rollout (default: %(default)s)")
 parser.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
-parser.add_argument("--save", default="", help="save the model to this path at the end (default: no)")
+parser.add_argument("--save", default="", metavar="PATH",
+                    help="at the end save the model (PATH.zip) and its VecNormalize (PATH_vecnormalize.pkl)")
 parser.add_argument("--nprocs", type=int, default=2, help="MPI processes (default: %(default)s)")  # mpi_util
 args = parser.parse_args()
 fork = mpi_util.mpi_fork(args.nprocs)  # mpi_util: relaunch this script as nprocs ranks
@@ -47,3 +48,5 @@ out_of_sync = mpi_util.ranks_out_of_sync(model.policy)  # mpi_util: every rank h
 mpi_util.print0(f"ranks whose weights differ from rank 0's: {out_of_sync}")  # mpi_util
 if args.save and mpi_util.rank == 0:  # mpi_util: rank 0 saves
     model.save(args.save)
+    # the observation statistics the policy learnt with: evaluation needs them too (examples/sb3_evaluate.py)
+    model.get_vec_normalize_env().save(f"{args.save}_vecnormalize.pkl")

@@ -1,4 +1,5 @@
-"""Stable-Baselines3's on-policy algorithms (PPO, A2C) on N MPI processes, SB3 itself unmodified.
+"""Stable-Baselines3's on-policy algorithms (PPO, A2C; sb3-contrib's TRPO, MaskablePPO, RecurrentPPO) on N MPI
+processes, SB3 itself unmodified.
 
 A user's SB3 script gains these lines (run by every rank)::
 
@@ -17,7 +18,14 @@ What ``parallelize`` changes, per iteration of SB3's own ``learn`` loop:
   own ``train()`` on it; the other ranks skip ``train()``;
 - the policy's parameters and buffers (and a VecNormalize's statistics) are broadcast from rank 0, bit for bit;
 - ``num_timesteps`` counts every rank's steps, so ``learn(total_timesteps)`` means steps over all ranks; rank 0's
-  logs (ep_rew_mean, fps) cover every rank's episodes; the other ranks log nothing.
+  logs (ep_rew_mean, fps) cover every rank's episodes; the other ranks log nothing;
+- the callbacks given to ``learn`` run on rank 0 alone (on the other ranks they are never called), where
+  ``num_timesteps`` grows by every rank's envs at each step; a stop from one ends ``learn`` on every rank in the same
+  iteration.
+
+Rank 0's buffer holds each array of the ranks' buffers joined along its env axis in rank order: SB3's, MaskablePPO's
+action masks, RecurrentPPO's LSTM states (n_steps, n_layers, n_envs, hidden_size). A buffer with any other array is
+refused unless ``parallelize``'s ``env_axes`` names it.
 
 GPUs: ``rank_device()`` is SB3's ``device="auto"`` with each rank on its own GPU (``mpi_util.gpu_for_rank``: local
 rank modulo the GPUs it sees), "cpu" without CUDA. A model built with "auto" or "cuda" (which mean GPU 0 to torch, on
@@ -42,6 +50,7 @@ This module imports nothing from SB3 or torch until ``parallelize`` is called; `
 
 from __future__ import annotations
 
+import copy
 import sys
 import types
 from collections.abc import Mapping
@@ -57,10 +66,15 @@ from .process import COMM_WORLD
 from .reduce import all_sum
 from .seeding import rank_seed
 
-# The rollout buffer's per-step arrays, each (n_steps, n_envs, ...); observations may be a dict of such arrays.
-_BUFFER_ARRAYS = (
-    "observations", "actions", "rewards", "returns", "episode_starts", "values", "log_probs", "advantages",
-)
+# The per-step arrays of SB3's and sb3-contrib's on-policy rollout buffers, each with the axis that indexes envs:
+# (n_steps, n_envs, ...) except the recurrent buffer's LSTM states, (n_steps, n_layers, n_envs, hidden_size).
+# Observations may be a dict of such arrays.
+_ENV_AXES: dict[str, int] = {
+    **dict.fromkeys(("observations", "actions", "rewards", "returns", "episode_starts", "values", "log_probs",
+                     "advantages"), 1),
+    "action_masks": 1,  # sb3-contrib's MaskableRolloutBuffer: (n_steps, n_envs, mask_dims)
+    **dict.fromkeys(("hidden_states_pi", "cell_states_pi", "hidden_states_vf", "cell_states_vf"), 2),  # RecurrentPPO
+}
 
 Model = TypeVar("Model")
 
@@ -78,10 +92,11 @@ sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.
 class _RankState:
     """What the parallel model keeps besides SB3's own attributes (left out of ``save``)."""
 
-    def __init__(self, comm: MPI.Comm, local_buffer: Any, total_envs: int) -> None:
+    def __init__(self, comm: MPI.Comm, local_buffer: Any, total_envs: int, env_axes: dict[str, int]) -> None:
         self.comm = comm
         self.local_buffer = local_buffer  # this rank's own rollout buffer: (n_steps, this rank's n_envs, ...)
         self.total_envs = total_envs  # envs over all ranks
+        self.env_axes = env_axes  # the buffer's arrays and the axis of each that indexes envs
         self.new_episodes: list[dict[str, Any]] = []  # Monitor's episode infos since the last gather
         self.new_successes: list[Any] = []
         self.shared_stats: list[tuple[np.ndarray, np.ndarray, float]] = []  # VecNormalize stats every rank holds
@@ -122,29 +137,62 @@ def _merge(shared: tuple[np.ndarray, np.ndarray, float], per_rank: list[tuple[np
     return mean0 + mean_shift, np.maximum(square_sum / total_count - mean_shift * mean_shift, 0.0), total_count
 
 
-def _buffer_rows(buffer: Any) -> dict[str, np.ndarray]:
+def _is_array_entry(value: Any) -> bool:
+    """Whether a buffer attribute holds per-step data: an array, or a dict of arrays (a dict observation space)."""
+    return isinstance(value, np.ndarray) or (
+        isinstance(value, dict) and bool(value) and all(isinstance(v, np.ndarray) for v in value.values()))
+
+
+def _buffer_env_axes(buffer: Any, extra: Mapping[str, int]) -> dict[str, int]:
+    """{name: env axis} of every array ``buffer`` holds. Raises ValueError naming the arrays neither the known buffers
+    nor ``extra`` account for: a buffer gathered without them would train on rank 0's rows of those arrays alone."""
+    known = {**_ENV_AXES, **extra}
+    held = [name for name, value in vars(buffer).items() if _is_array_entry(value)]
+    unknown = [name for name in held if name not in known]
+    if unknown:
+        raise ValueError(
+            f"parallelize: the rollout buffer {type(buffer).__name__} holds arrays mpi_util.sb3 does not know how to "
+            f"gather: {', '.join(unknown)}; name the axis that indexes envs of each, for example "
+            f"parallelize(model, env_axes={{{unknown[0]!r}: 1}})"
+        )
+    return {name: known[name] for name in held}
+
+
+def _buffer_rows(buffer: Any, env_axes: Mapping[str, int]) -> dict[str, np.ndarray]:
     """The buffer's arrays with the env axis first, as rank0_accum_batches concatenates: {name: (n_envs, n_steps,
     ...)}; a dict observation space gives one entry per key, "observations/KEY"."""
     rows: dict[str, np.ndarray] = {}
-    for name in _BUFFER_ARRAYS:
+    for name, axis in env_axes.items():
         value = getattr(buffer, name)
         parts = {f"{name}/{key}": value[key] for key in sorted(value)} if isinstance(value, dict) else {name: value}
-        rows.update({key: np.ascontiguousarray(array.swapaxes(0, 1)) for key, array in parts.items()})
+        rows.update({key: np.ascontiguousarray(np.moveaxis(array, axis, 0)) for key, array in parts.items()})
     return rows
 
 
-def _fill_buffer(buffer: Any, rows: dict[str, np.ndarray]) -> None:
+def _fill_buffer(buffer: Any, rows: dict[str, np.ndarray], env_axes: Mapping[str, int]) -> None:
     """Put gathered rows {name: (all envs, n_steps, ...)} into ``buffer`` (n_steps x all envs), ready for ``get``."""
     buffer.reset()
-    for name in _BUFFER_ARRAYS:
+    for name, axis in env_axes.items():
         current = getattr(buffer, name)
         if isinstance(current, dict):
             for key in current:
-                current[key] = np.ascontiguousarray(rows[f"{name}/{key}"].swapaxes(0, 1))
+                current[key] = np.ascontiguousarray(np.moveaxis(rows[f"{name}/{key}"], 0, axis))
         else:
-            setattr(buffer, name, np.ascontiguousarray(rows[name].swapaxes(0, 1)))
+            setattr(buffer, name, np.ascontiguousarray(np.moveaxis(rows[name], 0, axis)))
     buffer.pos = buffer.buffer_size
     buffer.full = True
+
+
+def _rank0_buffer(local_buffer: Any, total_envs: int) -> Any:
+    """An empty buffer like ``local_buffer`` for every rank's envs: a copy (whatever its constructor takes) with
+    n_envs, and a recurrent buffer's LSTM state shape (n_steps, n_layers, n_envs, hidden_size), set to total_envs."""
+    buffer = copy.copy(local_buffer)
+    buffer.n_envs = total_envs
+    if hasattr(buffer, "hidden_state_shape"):
+        n_steps, n_layers, _, hidden_size = buffer.hidden_state_shape
+        buffer.hidden_state_shape = (n_steps, n_layers, total_envs, hidden_size)
+    buffer.reset()  # new arrays of the new size, none shared with local_buffer
+    return buffer
 
 
 def _parallel_class(sb3_class: type) -> type:
@@ -165,20 +213,33 @@ def _parallel_class(sb3_class: type) -> type:
                 if info.get("is_success") is not None and (dones is None or dones[index]):
                     self._mpi.new_successes.append(info["is_success"])
 
-        def collect_rollouts(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
+        def _init_callback(self, callback: Any, progress_bar: bool = False) -> Any:
+            """The user's callbacks (and progress bar) on rank 0 only, inside one that, on every rank, adds the
+            other ranks' steps to ``num_timesteps`` at each step before they see it."""
+            on_rank0 = self._mpi.comm.Get_rank() == 0
+            children = [super()._init_callback(callback if on_rank0 else None)]  # None: SB3's no-op callback
+            if progress_bar and on_rank0:
+                children.append(super()._init_callback(_sb3_callbacks().progress_bar()))
+            counting = _sb3_callbacks().global_steps(children, self._mpi.total_envs - self.n_envs)
+            counting.init_callback(self)
+            return counting
+
+        def collect_rollouts(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int, *args: Any,
+                             **kwargs: Any) -> bool:
             """SB3's own rollout into this rank's buffer, then every rank's rows into rank 0's ``rollout_buffer``.
-            Returns False on every rank when a callback stopped the rollout on any rank."""
+            Returns False on every rank when a callback stopped the rollout on any rank; every rank's num_timesteps
+            is then rank 0's. ``args``, ``kwargs``: what the algorithm adds (MaskablePPO's use_masking)."""
             state = self._mpi
-            completed = super().collect_rollouts(env, callback, state.local_buffer, n_rollout_steps)
+            completed = super().collect_rollouts(env, callback, state.local_buffer, n_rollout_steps, *args, **kwargs)
             if all_sum(0 if completed else 1, state.comm) > 0:
+                self.num_timesteps = bcast_object(self.num_timesteps, state.comm)
                 return False
-            self.num_timesteps += n_rollout_steps * (state.total_envs - env.num_envs)  # the other ranks' steps
-            rows = rank0_accum_batches(_buffer_rows(state.local_buffer), state.comm)
+            rows = rank0_accum_batches(_buffer_rows(state.local_buffer, state.env_axes), state.comm)
             stats = _running_stats(self)
             gathered = gather_objects((state.new_episodes, state.new_successes, _snapshot(stats)), state.comm)
             state.new_episodes, state.new_successes = [], []
             if gathered is not None:  # rank 0
-                _fill_buffer(self.rollout_buffer, rows)
+                _fill_buffer(self.rollout_buffer, rows, state.env_axes)
                 for episodes, successes, _ in gathered[1:]:
                     self.ep_info_buffer.extend(episodes)
                     self.ep_success_buffer.extend(successes)
@@ -196,6 +257,72 @@ def _parallel_class(sb3_class: type) -> type:
     RankZeroLearns.__name__ = RankZeroLearns.__qualname__ = sb3_class.__name__
     RankZeroLearns.__module__ = sb3_class.__module__
     return RankZeroLearns
+
+
+class _Callbacks:
+    """The two SB3 callback classes the parallel model uses (made on first use: they subclass SB3's)."""
+
+    def __init__(self) -> None:
+        from stable_baselines3.common.callbacks import BaseCallback, ProgressBarCallback
+
+        class GlobalSteps(BaseCallback):
+            """Every rank: adds ``other_envs`` (the other ranks' envs) to the model's num_timesteps at each step,
+            then calls ``children`` (on rank 0 the user's callbacks, on the others SB3's no-op), which are
+            initialised already. The ranks step in lockstep (n_steps per iteration each), so the count is every
+            rank's steps at this step, exactly at the end of each rollout."""
+
+            def __init__(self, children: list[BaseCallback], other_envs: int) -> None:
+                super().__init__()
+                self.children = children
+                self.other_envs = other_envs
+
+            def _on_training_start(self) -> None:
+                for child in self.children:
+                    child.on_training_start(self.locals, self.globals)
+
+            def _on_rollout_start(self) -> None:
+                for child in self.children:
+                    child.on_rollout_start()
+
+            def _on_step(self) -> bool:
+                self.model.num_timesteps += self.other_envs
+                return all([child.on_step() for child in self.children])  # a list: every child steps
+
+            def _on_rollout_end(self) -> None:
+                for child in self.children:
+                    child.on_rollout_end()
+
+            def _on_training_end(self) -> None:
+                for child in self.children:
+                    child.on_training_end()
+
+            def update_child_locals(self, locals_: dict[str, Any]) -> None:
+                for child in self.children:
+                    child.update_locals(locals_)
+
+        class GlobalProgressBar(ProgressBarCallback):
+            """SB3's progress bar advanced by num_timesteps (every rank's steps), not by rank 0's envs."""
+
+            def _on_training_start(self) -> None:
+                super()._on_training_start()
+                self.counted = self.model.num_timesteps
+
+            def _on_step(self) -> bool:
+                self.pbar.update(self.model.num_timesteps - self.counted)
+                self.counted = self.model.num_timesteps
+                return True
+
+        self.global_steps = GlobalSteps
+        self.progress_bar = GlobalProgressBar
+
+
+_CALLBACKS: list[_Callbacks] = []
+
+
+def _sb3_callbacks() -> _Callbacks:
+    if not _CALLBACKS:
+        _CALLBACKS.append(_Callbacks())
+    return _CALLBACKS[0]
 
 
 def _broadcast_from_rank0(model: Any) -> None:
@@ -239,6 +366,9 @@ def _move_to_rank_gpu(model: Any) -> None:
     model.policy.to(device)  # in place: the optimizer keeps its parameters
     model.device = device
     model.rollout_buffer.device = device
+    lstm_states = getattr(model, "_last_lstm_states", None)  # RecurrentPPO's LSTM states between rollouts
+    if lstm_states is not None:
+        model._last_lstm_states = type(lstm_states)(*(tuple(t.to(device) for t in pair) for pair in lstm_states))
 
 
 _PARALLEL_CLASSES: dict[type, type] = {}
@@ -248,8 +378,9 @@ def _fresh_seed() -> int:
     return int(np.random.SeedSequence().generate_state(1)[0])
 
 
-def _prepare_rank(model: Any, rank: int) -> int:
-    """Check ``model`` and, on ranks r > 0, re-seed it and silence its logger; returns its number of envs."""
+def _prepare_rank(model: Any, rank: int, env_axes: Mapping[str, int]) -> tuple[int, dict[str, int]]:
+    """Check ``model`` and, on ranks r > 0, re-seed it and silence its logger; returns its number of envs and its
+    buffer's arrays with their env axes (see ``_buffer_env_axes``). A check that fails leaves the model as it was."""
     if not (hasattr(model, "collect_rollouts") and hasattr(model, "rollout_buffer") and hasattr(model, "n_steps")):
         raise TypeError(
             f"parallelize: expected a Stable-Baselines3 on-policy model such as PPO or A2C, got "
@@ -259,6 +390,7 @@ def _prepare_rank(model: Any, rank: int) -> int:
         raise ValueError("parallelize: this model is already parallel; call parallelize once per model")
     if model.env is None:
         raise ValueError("parallelize: the model has no env; pass this rank's env when building it")
+    axes = _buffer_env_axes(model.rollout_buffer, env_axes)
     if model.device.type == "cuda" and model.device.index is None:
         _move_to_rank_gpu(model)
     if rank > 0:
@@ -270,7 +402,7 @@ def _prepare_rank(model: Any, rank: int) -> int:
 
         model.set_logger(Logger(folder=None, output_formats=[]))
         model.verbose = 0
-    return int(model.rollout_buffer.n_envs)
+    return int(model.rollout_buffer.n_envs), axes
 
 
 def _agree(comm: MPI.Comm, failure: Exception | None, value: int) -> list[int]:
@@ -288,8 +420,9 @@ def _agree(comm: MPI.Comm, failure: Exception | None, value: int) -> list[int]:
     return outcomes
 
 
-def parallelize(model: Model, comm: MPI.Comm | None = None) -> Model:
-    """Make an SB3 on-policy model (PPO, A2C, or a subclass of OnPolicyAlgorithm) learn on every rank of ``comm``.
+def parallelize(model: Model, comm: MPI.Comm | None = None, env_axes: Mapping[str, int] | None = None) -> Model:
+    """Make an SB3 on-policy model learn on every rank of ``comm``: PPO, A2C, sb3-contrib's TRPO, MaskablePPO and
+    RecurrentPPO, or another subclass of OnPolicyAlgorithm whose rollout buffer holds arrays it knows.
 
     Call it on every rank, after building the model with this rank's VecEnv (any number of envs per rank) and
     before ``learn``. It re-seeds ranks r > 0 (their torch, numpy, action space and envs) with
@@ -297,17 +430,22 @@ def parallelize(model: Model, comm: MPI.Comm | None = None) -> Model:
     VecNormalize statistics) to every rank; silences the logger of ranks r > 0; moves a model on "auto"/"cuda" to
     this rank's GPU (see ``rank_device``); and returns the same object, whose
     class is now a subclass of its own (``isinstance(model, PPO)`` holds; ``save`` and ``PPO.load`` work as before).
-    Save from rank 0. Every rank must then call ``learn`` with the same arguments.
+    Save from rank 0. Every rank must then call ``learn`` with the same arguments; the callbacks given to ``learn``
+    run on rank 0 only and see every rank's steps in ``num_timesteps``.
+
+    env_axes: arrays of a custom rollout buffer besides those of SB3's and sb3-contrib's, {attribute name: the axis
+    that indexes envs}, for example {"costs": 1} for costs of shape (n_steps, n_envs). A buffer holding an array that
+    is in neither is refused (ValueError on every rank).
     """
     comm = COMM_WORLD if comm is None else comm
     # What can fail here can fail on one rank alone (a model built differently, an env missing): each rank prepares,
     # then all agree before any collective of SB3's own, so that a failure is an error on every rank instead of the
     # other ranks waiting in a collective for a rank that has left.
     try:
-        n_envs = _prepare_rank(model, comm.Get_rank())
+        n_envs, axes = _prepare_rank(model, comm.Get_rank(), env_axes or {})
         failure = None
     except Exception as error:
-        n_envs, failure = 0, error
+        n_envs, axes, failure = 0, {}, error
     total_envs = sum(_agree(comm, failure, n_envs))
     local_buffer = model.rollout_buffer  # type: ignore[attr-defined]
     try:
@@ -315,16 +453,12 @@ def parallelize(model: Model, comm: MPI.Comm | None = None) -> Model:
         if cls not in _PARALLEL_CLASSES:
             _PARALLEL_CLASSES[cls] = _parallel_class(cls)
         if comm.Get_rank() == 0:
-            model.rollout_buffer = local_buffer.__class__(  # type: ignore[attr-defined]
-                local_buffer.buffer_size, local_buffer.observation_space, local_buffer.action_space,
-                device=local_buffer.device, gamma=local_buffer.gamma, gae_lambda=local_buffer.gae_lambda,
-                n_envs=total_envs, **model.rollout_buffer_kwargs,  # type: ignore[attr-defined]
-            )
+            model.rollout_buffer = _rank0_buffer(local_buffer, total_envs)  # type: ignore[attr-defined]
         failure = None
     except Exception as error:
         failure = error
     _agree(comm, failure, 0)
     model.__class__ = _PARALLEL_CLASSES[cls]
-    model._mpi = _RankState(comm, local_buffer, total_envs)  # type: ignore[attr-defined]
+    model._mpi = _RankState(comm, local_buffer, total_envs, axes)  # type: ignore[attr-defined]
     _broadcast_from_rank0(model)
     return model

@@ -6,6 +6,7 @@ SB3 and torch run in subprocesses only: the pytest process imports TensorFlow in
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 import time
@@ -72,9 +73,11 @@ def test_merged_statistics_are_those_of_all_samples():
     np.testing.assert_allclose(var, everything.var(axis=0), rtol=1e-10)
 
 
-def test_ppo_example_learns_on_two_ranks_with_identical_weights_and_quiet_stderr():
+def test_ppo_example_learns_on_two_ranks_with_identical_weights_and_quiet_stderr_and_evaluates_in_one_process(
+        tmp_path):
+    saved = tmp_path / "ppo"
     result = run_bounded([sys.executable, str(REPO / "examples" / "sb3_ppo_mpi.py"), "--nprocs", "2",
-                          "--total_steps", "20000"], timeout=240)
+                          "--total_steps", "20000", "--save", str(saved)], timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     found = re.search(r"20480 steps, mean return of the last (\d+) episodes ([\d.]+)", result.stdout)
     assert found, result.stdout
@@ -82,6 +85,12 @@ def test_ppo_example_learns_on_two_ranks_with_identical_weights_and_quiet_stderr
     assert int(found.group(1)) == 100 and float(found.group(2)) > 100, result.stdout
     assert "ranks whose weights differ from rank 0's: []" in result.stdout
     assert result.stderr == ""  # no TensorFlow start-up lines: tensorboard did not import it
+    # rank 0 saved the model and the VecNormalize statistics; a plain process (no MPI) loads both, frozen
+    evaluation = run_bounded([sys.executable, str(REPO / "examples" / "sb3_evaluate.py"), str(saved),
+                              "--episodes", "5"], timeout=120)
+    assert evaluation.returncode == 0, evaluation.stderr[-3000:]
+    found = re.search(r"mean return over 5 episodes ([\d.]+)", evaluation.stdout)
+    assert found and float(found.group(1)) > 100, evaluation.stdout  # seen: 500 (the most CartPole-v1 pays)
 
 
 LOGS_WITHOUT_TENSORFLOW = """
@@ -134,3 +143,78 @@ def test_parallelize_refuses_what_is_not_an_on_policy_model():
     assert result.stderr.splitlines()[-1] == (
         "TypeError: parallelize: expected a Stable-Baselines3 on-policy model such as PPO or A2C, got SAC; "
         "off-policy algorithms (SAC, TD3, DQN) learn between steps, not in batches")
+
+
+needs_contrib = pytest.mark.skipif(importlib.util.find_spec("sb3_contrib") is None,
+                                   reason="sb3-contrib not installed (pip install -e '.[test]')")
+CONTRIB_CASES = str(REPO / "tests" / "mpi_scripts" / "sb3_contrib_cases.py")
+
+
+@needs_contrib
+def test_sb3_contrib_at_one_process_gives_plain_sb3_contrib_results_bit_for_bit(tmp_path):
+    result = run_bounded([sys.executable, CONTRIB_CASES, "one_process", str(tmp_path)], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for algo, arrays in (("trpo", 19), ("mask", 12), ("rec", 23)):
+        assert f"{algo}: {arrays} arrays, differ from plain sb3-contrib: []; steps 128 128" in result.stdout, \
+            result.stdout
+
+
+# What random play scores (TRPO on CartPole about 22, MaskablePPO 5 of 20, RecurrentPPO's memory task 0.5 of 1) and
+# the threshold; seen at 2 ranks: 105, 18.4, 1.0.
+LEARNED = {"trpo": 60.0, "mask": 12.0, "rec": 0.9}
+
+
+@needs_contrib
+@pytest.mark.parametrize("algo", ["trpo", "mask", "rec"])
+def test_sb3_contrib_at_two_ranks_learns_on_both_ranks_rows_in_rank_order(tmp_path_factory, algo):
+    out = tmp_path_factory.getbasetemp() / "sb3_contrib_two_ranks"
+    if not (out / f"{algo}_rank1.npz").exists():  # one job runs the three algorithms
+        out.mkdir(exist_ok=True)
+        result = mpiexec(2, "sb3_contrib_cases.py", "two_ranks", str(out), timeout=120)
+        assert all(f"{a}: {steps} steps, ranks out of sync: []" in result.stdout
+                   for a, steps in (("trpo", 12288), ("mask", 6144), ("rec", 6144))), result.stdout
+    rank0, rank1 = (np.load(out / f"{algo}_rank{r}.npz") for r in (0, 1))
+    names = [key.removeprefix("local/") for key in rank0.files if key.startswith("local/")]
+    expected_names = {"trpo": 8, "mask": 9, "rec": 12}[algo]  # SB3's 8, action_masks, the 4 LSTM states
+    assert len(names) == expected_names and {"action_masks", "hidden_states_pi"} & set(names) == (
+        {"trpo": set(), "mask": {"action_masks"}, "rec": {"hidden_states_pi"}}[algo])
+    for name in names:
+        axis = int(rank0[f"axis/{name}"])
+        mine, theirs, trained = rank0[f"local/{name}"], rank1[f"local/{name}"], rank0[f"trained/{name}"]
+        assert mine.shape[axis] == 2 and theirs.shape[axis] == 1  # rank 0: 2 envs, rank 1: 1
+        if trained.shape[axis] == 3 and trained.ndim == mine.ndim:  # arrays get() leaves as they are
+            expected = np.concatenate([mine, theirs], axis=axis)
+        else:  # flattened by get(), keeping each env's sequence: env 0's steps, then env 1's, ... rank 0's envs first
+            expected = np.concatenate([np.moveaxis(a, axis, 0).reshape(-1, *np.delete(a.shape, [0, axis]))
+                                       for a in (mine, theirs)])
+        assert np.array_equal(trained.reshape(expected.shape), expected), name
+        if name.endswith("_states_pi"):  # the LSTM carries its state across rollouts: rank 1's first row is not 0
+            assert np.abs(theirs[0]).max() > 0, name
+    assert float(rank0["mean_return"]) > LEARNED[algo]
+
+
+@needs_contrib
+def test_a_buffer_with_an_array_nobody_named_is_refused_on_every_rank_then_gathered_when_named(tmp_path):
+    result = mpiexec(2, "sb3_contrib_cases.py", "unknown_array", str(tmp_path), timeout=60)
+    for rank in (0, 1):
+        assert (f"rank {rank} refused: parallelize: the rollout buffer CostBuffer holds arrays mpi_util.sb3 does not "
+                "know how to gather: costs; name the axis that indexes envs of each, for example "
+                "parallelize(model, env_axes={'costs': 1})") in result.stdout, result.stdout
+    assert "with env_axes: trained rows 64" in result.stdout
+
+
+def test_callbacks_run_on_rank_0_alone_with_every_ranks_steps_and_its_stop_ends_every_rank(tmp_path):
+    # rank 0 steps 2 envs and rank 1 one: 3 steps over all ranks per step, 96 per 32-step iteration
+    started = time.monotonic()
+    result = mpiexec(2, "sb3_cases.py", "callbacks", str(tmp_path), timeout=60)
+    record = json.loads((tmp_path / "record_rank0.json").read_text())
+    assert record == {"start": 1, "steps": list(range(3, 3 * 96 + 1, 3)), "end": 1}
+    assert not (tmp_path / "record_rank1.json").exists()  # rank 1's copy was never called, not even at the start
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "rank0_192_steps.zip", "rank0_288_steps.zip", "rank0_96_steps.zip"]  # every 32 calls, named by global steps
+    assert [p.name for p in tmp_path.glob("eval_rank*")] == ["eval_rank0"]
+    assert np.load(tmp_path / "eval_rank0" / "evaluations.npz")["timesteps"].tolist() == [192]  # after 64 calls
+    # rank 0's callback stopped its 40th step (120 steps in all): both ranks leave learn with rank 0's count
+    assert re.search(r"rank 0: stopped after [\d.]+ s at num_timesteps 120, env 0 stepped 136 times", result.stdout)
+    assert re.search(r"rank 1: stopped after [\d.]+ s at num_timesteps 120, env 0 stepped 160 times", result.stdout)
+    assert time.monotonic() - started < 60

@@ -2,20 +2,26 @@
 
     python sb3_cases.py one_process OUT        # plain SB3 and parallelize(...) at one process, PPO and A2C
     mpiexec -n 2 python sb3_cases.py two_ranks OUT
+    mpiexec -n 2 python sb3_cases.py callbacks OUT   # callbacks given on every rank; a stop from rank 0
 
 Writes OUT/<case>_<algo>_rank<r>.npz and prints one line per check.
 """
 
+import json
 import sys
+import time
 from pathlib import Path
 
 import mpi_util
 from mpi_util.sb3 import parallelize
 
 # isort: split
+import gymnasium as gym
 import numpy as np
 from stable_baselines3 import A2C, PPO
+from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback, EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import VecNormalize
 
 ALGOS = {"ppo": (PPO, {"n_steps": 64, "batch_size": 32, "n_epochs": 2}), "a2c": (A2C, {"n_steps": 16})}
@@ -86,5 +92,56 @@ def two_ranks(out: Path) -> None:
         mpi_util.print0(f"{algo}: ranks out of sync: {out_of_sync}")
 
 
+class Record(BaseCallback):
+    """Records what it is called with: num_timesteps at each step, and the start and end of training; writes
+    OUT/record_rank<r>.json at the end of training, r being the rank it ran on."""
+
+    def __init__(self, out: Path) -> None:
+        super().__init__()
+        self.out, self.calls = out, {"start": 0, "steps": [], "end": 0}
+
+    def _on_training_start(self) -> None:
+        self.calls["start"] += 1
+
+    def _on_step(self) -> bool:
+        self.calls["steps"].append(self.num_timesteps)
+        return True
+
+    def _on_training_end(self) -> None:
+        self.calls["end"] += 1
+        (self.out / f"record_rank{mpi_util.rank}.json").write_text(json.dumps(self.calls))
+
+
+class StopAt(BaseCallback):
+    """Asks to stop at the ``n``-th step it sees."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def _on_step(self) -> bool:
+        return self.n_calls < self.n
+
+
+def callbacks(out: Path) -> None:
+    """PPO, rank 0 with 2 envs and rank 1 with 1, 32 steps per iteration: 96 steps over all ranks. Every rank passes
+    the same callbacks (their files named by the rank they run on): three iterations, then a learn that rank 0's
+    callback stops at its 40th step (iteration 2, step 8)."""
+    rank = mpi_util.rank
+    model = parallelize(PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2 if rank == 0 else 1, seed=3),
+                            n_steps=32, batch_size=32, n_epochs=1, seed=3, device="cpu"))
+    checkpoints = CheckpointCallback(save_freq=32, save_path=str(out / "checkpoints"), name_prefix=f"rank{rank}")
+    evaluations = EvalCallback(Monitor(gym.make("CartPole-v1")), eval_freq=64, n_eval_episodes=2,
+                               log_path=str(out / f"eval_rank{rank}"), verbose=0)
+    model.learn(3 * 96, callback=[Record(out), checkpoints, evaluations])
+    started = time.monotonic()
+    model.learn(10**6, callback=StopAt(40))
+    # Monitor counts the steps this rank's first env took in both learns: 96 + 32 + 8 on rank 0, which stopped at step
+    # 8 of iteration 2; 96 + 32 + 32 on rank 1, which finished that rollout, learnt of the stop and stopped too.
+    print(f"rank {rank}: stopped after {time.monotonic() - started:.1f} s at num_timesteps {model.num_timesteps}, "
+          f"env 0 stepped {model.env.envs[0].get_total_steps()} times", flush=True)
+
+
 if __name__ == "__main__":
-    {"one_process": one_process, "two_ranks": two_ranks, "rank0_fails": rank0_fails}[sys.argv[1]](Path(sys.argv[2]))
+    cases = {"one_process": one_process, "two_ranks": two_ranks, "rank0_fails": rank0_fails, "callbacks": callbacks}
+    cases[sys.argv[1]](Path(sys.argv[2]))
