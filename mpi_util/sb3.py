@@ -64,6 +64,7 @@ from .gather import gather_objects, rank0_accum_batches
 from .gpu import gpu_for_rank
 from .process import COMM_WORLD
 from .reduce import all_sum
+from .running_stats import Moments, merge_moments, read_moments, write_moments
 from .seeding import rank_seed
 
 # The per-step arrays of SB3's and sb3-contrib's on-policy rollout buffers, each with the axis that indexes envs:
@@ -99,7 +100,7 @@ class _RankState:
         self.env_axes = env_axes  # the buffer's arrays and the axis of each that indexes envs
         self.new_episodes: list[dict[str, Any]] = []  # Monitor's episode infos since the last gather
         self.new_successes: list[Any] = []
-        self.shared_stats: list[tuple[np.ndarray, np.ndarray, float]] = []  # VecNormalize stats every rank holds
+        self.shared_stats: list[Moments] = []  # VecNormalize stats every rank holds
 
 
 def _running_stats(model: Any) -> list[Any]:
@@ -110,31 +111,6 @@ def _running_stats(model: Any) -> list[Any]:
     obs_rms = vec_normalize.obs_rms
     stats = [obs_rms[key] for key in sorted(obs_rms)] if isinstance(obs_rms, dict) else [obs_rms]
     return stats + [vec_normalize.ret_rms]
-
-
-def _snapshot(stats: list[Any]) -> list[tuple[np.ndarray, np.ndarray, float]]:
-    return [(s.mean.copy(), s.var.copy(), float(s.count)) for s in stats]
-
-
-def _merge(shared: tuple[np.ndarray, np.ndarray, float], per_rank: list[tuple[np.ndarray, np.ndarray, float]]
-           ) -> tuple[np.ndarray, np.ndarray, float]:
-    """One RunningMeanStd's statistics after every rank's additions since ``shared``, which every rank started from.
-
-    shared, per_rank[r]: (mean (*shape) float64, var (*shape) float64, count). Rank r added count_r - count0 samples;
-    their sum and sum of squares, taken about the shared mean to keep the subtraction well conditioned, are recovered
-    from rank r's statistics and added up.
-    """
-    mean0, var0, count0 = shared
-    total_count = count0
-    deviation_sum = np.zeros_like(mean0)  # sum over all samples of (x - mean0); the shared ones contribute 0
-    square_sum = count0 * var0  # sum over all samples of (x - mean0)^2
-    for mean, var, count in per_rank:
-        shift = mean - mean0
-        total_count += count - count0
-        deviation_sum += count * shift
-        square_sum += count * (var + shift * shift) - count0 * var0
-    mean_shift = deviation_sum / total_count
-    return mean0 + mean_shift, np.maximum(square_sum / total_count - mean_shift * mean_shift, 0.0), total_count
 
 
 def _is_array_entry(value: Any) -> bool:
@@ -236,16 +212,16 @@ def _parallel_class(sb3_class: type) -> type:
                 return False
             rows = rank0_accum_batches(_buffer_rows(state.local_buffer, state.env_axes), state.comm)
             stats = _running_stats(self)
-            gathered = gather_objects((state.new_episodes, state.new_successes, _snapshot(stats)), state.comm)
+            moments = [read_moments(stat) for stat in stats]
+            gathered = gather_objects((state.new_episodes, state.new_successes, moments), state.comm)
             state.new_episodes, state.new_successes = [], []
             if gathered is not None:  # rank 0
                 _fill_buffer(self.rollout_buffer, rows, state.env_axes)
                 for episodes, successes, _ in gathered[1:]:
                     self.ep_info_buffer.extend(episodes)
                     self.ep_success_buffer.extend(successes)
-                if state.comm.Get_size() > 1:  # with one rank its statistics already are the result
-                    for i, stat in enumerate(stats):
-                        stat.mean, stat.var, stat.count = _merge(state.shared_stats[i], [g[2][i] for g in gathered])
+                for i, stat in enumerate(stats):
+                    write_moments(stat, merge_moments(state.shared_stats[i], [g[2][i] for g in gathered]))
             return True
 
         def train(self) -> None:
@@ -336,7 +312,7 @@ def _broadcast_from_rank0(model: Any) -> None:
     rank0_bcast_wts([model.policy, *arrays], state.comm)
     for i, stat in enumerate(stats):
         stat.mean, stat.var, stat.count = arrays[3 * i], arrays[3 * i + 1], float(arrays[3 * i + 2][0])
-    state.shared_stats = _snapshot(stats)
+    state.shared_stats = [read_moments(stat) for stat in stats]
 
 
 def rank_device(requested: Any = "auto", cuda_device_count: int | None = None,

@@ -15,13 +15,6 @@ import numpy as np
 import pytest
 from conftest import REPO, mpiexec, run_bounded
 
-_MARKER = "tensorboard.compat.notf"
-_marker_was_set = _MARKER in sys.modules
-from mpi_util.sb3 import _merge  # noqa: E402  (numpy only; it sets tensorboard's marker, undone below)
-
-if not _marker_was_set:  # keep tensorboard's TensorFlow in this process as the other tests expect it
-    sys.modules.pop(_MARKER, None)
-
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("stable_baselines3") is None,
                                 reason="stable-baselines3 not installed (pip install -e '.[test]')")
 CASES = str(REPO / "tests" / "mpi_scripts" / "sb3_cases.py")
@@ -56,21 +49,6 @@ def test_two_ranks_rank0_trains_on_both_ranks_rollouts_in_rank_order(tmp_path_fa
         assert int(rank["num_timesteps"]) == 2 * 3 * n_steps  # both ranks count every rank's steps
         # VecNormalize statistics: SB3's initial count (1e-4), the 3 envs' first observations, every step's
         assert float(rank["obs_rms/count"]) == pytest.approx(1e-4 + 3 + 2 * 3 * n_steps, abs=1e-9)
-
-
-def test_merged_statistics_are_those_of_all_samples():
-    rng = np.random.default_rng(0)
-    shared = rng.normal(3.0, 2.0, size=(500, 4))
-    added = [rng.normal(mu, 0.5, size=(n, 4)) for mu, n in ((3.5, 300), (-1.0, 20), (10.0, 1000))]
-
-    def stats(x):
-        return x.mean(axis=0), x.var(axis=0), float(len(x))
-
-    mean, var, count = _merge(stats(shared), [stats(np.concatenate([shared, a])) for a in added])
-    everything = np.concatenate([shared, *added])
-    assert count == len(everything)
-    np.testing.assert_allclose(mean, everything.mean(axis=0), rtol=1e-12)
-    np.testing.assert_allclose(var, everything.var(axis=0), rtol=1e-10)
 
 
 def test_ppo_example_learns_on_two_ranks_with_identical_weights_and_quiet_stderr_and_evaluates_in_one_process(
