@@ -14,8 +14,8 @@ ray_version="2.60.0"
 torch_version="2.13.0"  # the CPU-only wheel from this project's package index, as in the sb3 extra
 
 # The environments must be the same code as ours: take gymnasium's and MuJoCo's versions from the project's .venv
-# when it exists. ray[rllib] pins gymnasium==1.2.2; installing ours over it afterwards is what pip calls a conflict,
-# and peers.py records the versions each system ran with.
+# when it exists. ray[rllib]'s extra asks for gymnasium==1.2.2: installing ours over it afterwards overrides that
+# (ray 2.60.0 ran with gymnasium 1.4.0), and peers.py records the versions each system ran with.
 gymnasium_version="1.4.0"
 mujoco_version="4.0.0"
 if [[ -x "$repo/.venv/bin/python" ]]; then
@@ -26,8 +26,7 @@ fi
 "$python" -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
 "$venv/bin/pip" install --quiet "torch==$torch_version" "ray[rllib]==$ray_version"
-"$venv/bin/pip" install --quiet "gymnasium[mujoco]==$gymnasium_version" "mujoco==$mujoco_version" 2>&1 \
-    | grep -v "^ERROR: pip's dependency resolver\|requires gymnasium==\|^$" || true
+"$venv/bin/pip" install --quiet "gymnasium[mujoco]==$gymnasium_version" "mujoco==$mujoco_version"
 "$venv/bin/python" -c 'import ray, torch, gymnasium, mujoco; from ray.rllib.algorithms.ppo import PPOConfig
 print(f"benchmarks/.venv-rllib: ray {ray.__version__}, torch {torch.__version__}, gymnasium {gymnasium.__version__}, "
       f"mujoco {mujoco.__version__}")'
