@@ -119,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "steps": steps, "iteration_s": t_end - t_start, "wall_s": t_end - learn_started,
                 "steps_this_iteration": int(runners.get("num_env_steps_sampled", 0)),
                 "t_update": sum(learner_s),
+                # RLlib counts rows trained; its minibatches are always full (64), so rows / 64 is the Adam steps.
+                "grad_steps": int(result.get("learners", {}).get("__all_modules__", {})
+                                  .get("num_module_steps_trained", 0)) // MINIBATCH,
                 "episodes": int(runners.get("num_episodes", 0)),
                 "episode_return_mean": float(runners.get("episode_return_mean", float("nan"))),
             }
@@ -127,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"iteration {len(iterations)} steps {steps} steps/s "
                   f"{record['steps_this_iteration'] / record['iteration_s']:.0f} "
                   f"rollout_s {record['t_rollout']:.3f} update_s {record['t_update']:.3f} "
-                  f"episodes {record['episodes']} "
+                  f"grad_steps {record['grad_steps']} episodes {record['episodes']} "
                   f"return_mean_100 {record['episode_return_mean']:.1f}", flush=True)
         algo.stop()
     finally:
