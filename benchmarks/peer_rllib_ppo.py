@@ -5,13 +5,14 @@ Runs in benchmarks/.venv-rllib (made by benchmarks/setup_peers.sh), never in the
     benchmarks/.venv-rllib/bin/python benchmarks/peer_rllib_ppo.py --total_steps 20480 --num_env_runners 2
 
 Configured for equal work with train.py's defaults: 2,048 env steps per update (``train_batch_size_per_learner``,
-split over the env runners, one env each), 10 epochs of 64-row minibatches, Adam lr 3e-4 annealed linearly to 0 at
-``--total_steps``, clip 0.2, gamma 0.99, lambda 0.95, global grad-norm clip 0.5, value-loss weight 0.5, no entropy
-bonus, no KL penalty; separate 64-64 tanh policy and value MLPs and a state-independent log std; observations
-normalized by RLlib's MeanStdFilter connector (running mean and std, merged across env runners). The learner is
-local (``num_learners=0``): one process updates, as rank 0 does in train.py. What cannot be made equal: RLlib has no
-reward normalization (returns are learned unscaled), it clips the value loss at ``vf_clip_param`` (10) instead of
-normalizing value targets, initializes the networks its own way, and never stops an update's epochs early on KL.
+split over the env runners, one env each), 10 epochs of 64-row minibatches, Adam lr 3e-4 annealed linearly as
+train.py does (the last update gets 3e-4 / iterations), clip 0.2, gamma 0.99, lambda 0.95, global grad-norm clip
+0.5, value-loss weight 0.5, no entropy bonus, no KL penalty; separate 64-64 tanh policy and value MLPs and a
+state-independent log std; observations normalized by RLlib's MeanStdFilter connector (running mean and std, merged
+across env runners). The learner is local (``num_learners=0``): one process updates, as rank 0 does in train.py.
+What cannot be made equal: RLlib has no reward normalization (returns are learned unscaled), it clips the value loss
+at ``vf_clip_param`` (10) instead of normalizing value targets, initializes the networks its own way, and never
+stops an update's epochs early on KL.
 
 Each iteration prints its steps/s and where the wall time of ``algo.train()`` went: the learner update (timed around
 ``learner_group.update``; RLlib's own timers are moving averages, not per-iteration figures) and the rest (sampling
@@ -53,6 +54,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def lr_schedule(total_steps: int) -> list[list[float]]:
+    """train.py's linear schedule as RLlib's [[env steps, lr], ...]: RLlib looks it up at the steps sampled so far,
+    this batch included, so the first update gets 3e-4 and the last 3e-4 / iterations, as in train.py."""
+    return [[0, 3e-4], [BATCH, 3e-4], [total_steps + BATCH, 0.0]]
+
+
 def build_config(args: argparse.Namespace) -> Any:
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.connectors.env_to_module import MeanStdFilter
@@ -66,7 +73,7 @@ def build_config(args: argparse.Namespace) -> Any:
                      env_to_module_connector=lambda env=None, spaces=None, device=None: MeanStdFilter())
         .learners(num_learners=0)
         .training(train_batch_size_per_learner=BATCH, minibatch_size=MINIBATCH, num_epochs=EPOCHS,
-                  lr=[[0, 3e-4], [args.total_steps, 0.0]], clip_param=0.2, gamma=0.99, lambda_=0.95,
+                  lr=lr_schedule(args.total_steps), clip_param=0.2, gamma=0.99, lambda_=0.95,
                   grad_clip=0.5, grad_clip_by="global_norm", vf_loss_coeff=0.5, entropy_coeff=0.0,
                   use_kl_loss=False)
         .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[64, 64], fcnet_activation="tanh",

@@ -55,7 +55,7 @@ NOTES = [
     "value loss; a time-limit truncation ends the return like a termination (CleanRL's choice, no bootstrap); torch "
     "on `--torch_threads` thread(s).",
     "RLlib (new API stack, torch, one local learner in the driver, N env runner processes with one env each): lr "
-    "annealed linearly to 0 by a schedule; cannot be made equal: no reward normalization (returns learned "
+    "annealed as train.py's by a schedule; cannot be made equal: no reward normalization (returns learned "
     "unscaled), the value loss clipped at vf_clip_param 10 instead of normalized targets, RLlib's own network "
     "initialization, no early stop on KL, and each learner batch carries one extra row per episode fragment (the "
     "bootstrap step, masked out of the loss) in full 64-row minibatches, so slightly more than 320 Adam steps. Its "
