@@ -1,0 +1,297 @@
+"""train.py and three peers at equal work, side by side: stable-baselines3, a CleanRL-style torch PPO, RLlib PPO.
+
+Every system runs PPO on the same env, step budget and seed, with the same work per iteration: 2,048 env steps per
+update, 10 epochs of 64-row minibatches (320 Adam steps unless an epoch stops early), 64-64 tanh policy and value
+networks, lr 3e-4, clip 0.2, gamma 0.99, lambda 0.95, grad-norm clip 0.5, and observation and reward normalization
+each as its system does it. Each run is a fresh subprocess bounded in time, one after the other (never two at once:
+they would share the cores), in an order that reverses from repeat to repeat; ratios pair runs of the same repeat.
+
+- ``ours``: ``train.py ENV --nprocs N`` (benchmarks/vs_sb3.py describes its defaults), for each ``--nprocs``.
+- ``sb3``: stable-baselines3 PPO with one env, run exactly as benchmarks/vs_sb3.py runs it.
+- ``cleanrl``: benchmarks/peer_cleanrl_ppo.py, one process stepping ``--cleanrl_envs`` envs (default 1).
+- ``rllib``: benchmarks/peer_rllib_ppo.py with N env runners for each ``--nprocs``, in benchmarks/.venv-rllib
+  (``bash benchmarks/setup_peers.sh``); skipped with a note when that venv is missing.
+
+For each run: env steps per second after ``--warmup`` iterations and over the whole loop, the time per iteration
+split into rollout and update, the Adam steps per iteration, the final mean return and the process's wall time
+(imports and start-up included). Run from the repository root with the bench extra installed::
+
+    .venv/bin/python benchmarks/peers.py --nprocs 2 --repeats 3 --out benchmarks/results/peers
+
+Writes runs.csv, curves.csv, results.md (tables with the command, the configurations and what differs, machine,
+date and load averages) and peers.png (mean return against steps) to ``--out``; prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scaling import load_average, machine_lines, pretty_command, run_logged, run_train, table, write_csv
+from vs_sb3 import BATCH, curves_ours, curves_sb3, plot_curves, run_sb3, summarize_ours, summarize_sb3
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "peers"
+DEFAULT_RLLIB_PYTHON = REPO / "benchmarks" / ".venv-rllib" / "bin" / "python"
+SYSTEMS = ("ours", "sb3", "cleanrl", "rllib")
+
+NOTES = [
+    "train.py: lr annealed linearly to 0; an update's epochs stop when an epoch's approx KL exceeds 1.5 x 0.02; "
+    "observations normalized with running statistics (clip 10), value targets with running return statistics; "
+    "rank 0's TF update uses every core.",
+    "stable-baselines3: constant lr (as vs_sb3.py runs it); target_kl 0.02 checked after every minibatch; "
+    "VecNormalize of observations and rewards (clip 10); torch on `--torch_threads` thread(s).",
+    "CleanRL-style: lr annealed linearly to 0; epochs stop on approx KL > 1.5 x 0.02 (CleanRL's per-epoch check, "
+    "train.py's threshold); per-env NormalizeObservation and NormalizeReward wrappers, each clipped at 10; clipped "
+    "value loss; a time-limit truncation ends the return like a termination (CleanRL's choice, no bootstrap); torch "
+    "on `--torch_threads` thread(s).",
+    "RLlib (new API stack, torch, one local learner in the driver, N env runner processes with one env each): lr "
+    "annealed as train.py's by a schedule; cannot be made equal: no reward normalization (returns learned "
+    "unscaled), the value loss clipped at vf_clip_param 10 instead of normalized targets, RLlib's own network "
+    "initialization, no early stop on KL, and each learner batch carries one extra row per episode fragment (the "
+    "bootstrap step, masked out of the loss) in full 64-row minibatches, so slightly more than 320 Adam steps. Its "
+    "final mean return is RLlib's own mean of the last 100 episodes, its curve that running mean. Process wall time "
+    "includes starting ray. Torch on `--torch_threads` thread(s) in the driver.",
+]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
+                        help="systems to run, in this order in the first repeat (default: all)")
+    parser.add_argument("--env", default="Walker2d-v5", help="gymnasium env id (default: %(default)s)")
+    parser.add_argument("--nprocs", type=int, nargs="+", default=[2],
+                        help="train.py process counts and RLlib env-runner counts (default: %(default)s)")
+    parser.add_argument("--cleanrl_envs", type=int, nargs="+", default=[1],
+                        help="env counts of the CleanRL-style PPO's vector env (default: %(default)s)")
+    parser.add_argument("--total_steps", type=int, default=61_440,
+                        help="step budget of every run (default: %(default)s = 30 iterations of 2048)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each system (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every system (default: %(default)s)")
+    parser.add_argument("--torch_threads", type=int, default=1,
+                        help="torch.set_num_threads for SB3, CleanRL and RLlib's learner (default: %(default)s)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="first iterations left out of the steady rates (default: %(default)s)")
+    parser.add_argument("--tail", type=int, default=10,
+                        help="iterations at the end whose episodes give the final mean return (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="seconds one run may take before it is killed (default: %(default)s)")
+    parser.add_argument("--rllib_python", default=str(DEFAULT_RLLIB_PYTHON),
+                        help="python of the RLlib venv (default: benchmarks/.venv-rllib/bin/python)")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="output directory (default: %(default)s)")
+    args = parser.parse_args(argv)
+    iterations = args.total_steps // BATCH
+    if iterations <= args.warmup or iterations < args.tail:
+        parser.error(f"--total_steps {args.total_steps} gives {iterations} iteration(s) of {BATCH} steps: need more "
+                     f"than --warmup {args.warmup} and at least --tail {args.tail}")
+    for name in ("nprocs", "cleanrl_envs"):
+        bad = [n for n in getattr(args, name) if n < 1 or (name == "cleanrl_envs" and BATCH % n)]
+        if bad:
+            parser.error(f"--{name} must be >= 1" + (f" and divide {BATCH}" if name == "cleanrl_envs" else "")
+                         + f", got {bad[0]}")
+    return args
+
+
+def run_peer(name: str, command: list[str], workdir: Path, timeout_s: float) -> dict[str, Any]:
+    """Run a peer script that writes its record to workdir/NAME.json (its --json); return the record plus the wall
+    time and load averages. Raises RuntimeError on a timeout or a nonzero exit status, with the log's last lines."""
+    workdir.mkdir(parents=True)
+    json_path = workdir / f"{name}.json"
+    log_path = workdir / f"{name}.log"
+    load_before = load_average()
+    returncode, process_wall_s = run_logged([*command, "--json", str(json_path)], log_path, timeout_s)
+    if returncode != 0 or not json_path.exists():
+        tail = log_path.read_text().splitlines()[-15:]
+        raise RuntimeError(f"{name}: exit status {returncode}, log {log_path}:\n" + "\n".join(tail))
+    record = json.loads(json_path.read_text())
+    record.update(process_wall_s=process_wall_s, load_before=load_before, load_after=load_average())
+    return record
+
+
+def summarize_peer(record: dict[str, Any], system: str, nprocs: int, warmup: int, tail: int) -> dict[str, Any]:
+    """The summary vs_sb3.py's summarize_* give, from a peer's per-iteration record (steps, wall_s, t_rollout,
+    t_update, grad_steps, and either returns: the episodes ended that iteration, or episode_return_mean)."""
+    its = record["iterations"]
+    steady = its[warmup:]
+    before = its[warmup - 1] if warmup else {"steps": 0, "wall_s": 0.0}
+    wall = its[-1]["wall_s"] - before["wall_s"]
+    t_rollout = statistics.fmean(r["t_rollout"] for r in steady)
+    t_update = statistics.fmean(r["t_update"] for r in steady)
+    if "returns" in its[0]:
+        tail_returns = [x for r in its[-tail:] for x in r["returns"]]
+        mean_return = statistics.fmean(tail_returns) if tail_returns else math.nan
+        tail_episodes = len(tail_returns)
+    else:  # RLlib: its own running mean of the last 100 episodes
+        mean_return = its[-1]["episode_return_mean"]
+        tail_episodes = min(100, sum(r["episodes"] for r in its))
+    return {
+        "system": system,
+        "nprocs": nprocs,
+        "iterations": len(its),
+        "steps_per_s": (its[-1]["steps"] - before["steps"]) / wall,
+        "steps_per_s_whole_loop": its[-1]["steps"] / its[-1]["wall_s"],
+        "t_rollout": t_rollout,
+        "t_update": t_update,
+        "t_other": wall / len(steady) - t_rollout - t_update,
+        "grad_steps_per_iter": statistics.fmean(r["grad_steps"] for r in steady),
+        "mean_return": mean_return,
+        "tail_episodes": tail_episodes,
+        "process_wall_s": record["process_wall_s"],
+        "load_before": record["load_before"],
+        "load_after": record["load_after"],
+    }
+
+
+def curves_peer(record: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """Mean return per iteration (of the episodes ended in it, or RLlib's running mean) against steps."""
+    xs, ys = [], []
+    for r in record["iterations"]:
+        value = statistics.fmean(r["returns"]) if r.get("returns") else r.get("episode_return_mean", math.nan)
+        if not math.isnan(value):
+            xs.append(r["steps"])
+            ys.append(value)
+    return xs, ys
+
+
+def jobs_of(args: argparse.Namespace, rllib_ready: bool) -> list[tuple[str, int]]:
+    """(system, N) in the first repeat's order: N is train.py's nprocs, the CleanRL envs or RLlib's env runners."""
+    jobs: list[tuple[str, int]] = []
+    for system in args.systems:
+        if system == "ours":
+            jobs += [("ours", n) for n in args.nprocs]
+        elif system == "sb3":
+            jobs.append(("sb3", 1))
+        elif system == "cleanrl":
+            jobs += [("cleanrl", n) for n in args.cleanrl_envs]
+        elif rllib_ready:
+            jobs += [("rllib", n) for n in args.nprocs]
+    return jobs
+
+
+def run_job(args: argparse.Namespace, system: str, n: int, workdir: Path
+            ) -> tuple[dict[str, Any], tuple[list[float], list[float]], dict[str, str]]:
+    """One run: its summary, its return curve and the versions it ran with."""
+    if system == "ours":
+        run = run_train(args.env, n, args.total_steps, workdir, args.timeout)
+        return summarize_ours(run, args.warmup, args.tail), curves_ours(run), {}
+    if system == "sb3":
+        result = run_sb3(args, workdir)
+        return summarize_sb3(result, args.warmup, args.tail), curves_sb3(result), result["versions"]
+    common = ["--total_steps", str(args.total_steps), "--seed", str(args.seed),
+              "--torch_threads", str(args.torch_threads)]
+    if system == "cleanrl":
+        command = [sys.executable, str(REPO / "benchmarks" / "peer_cleanrl_ppo.py"), "--env_id", args.env,
+                   "--num_envs", str(n), *common]
+        label = f"CleanRL-style PPO, {n} env{'s' if n > 1 else ''}, torch {args.torch_threads} thread(s)"
+    else:
+        command = [args.rllib_python, str(REPO / "benchmarks" / "peer_rllib_ppo.py"), "--env", args.env,
+                   "--num_env_runners", str(n), *common]
+        label = f"RLlib PPO, {n} env runner{'s' if n > 1 else ''}"
+    record = run_peer(system, command, workdir, args.timeout)
+    versions = {f"{system} {k}": v for k, v in record["versions"].items()}
+    return summarize_peer(record, label, n, args.warmup, args.tail), curves_peer(record), versions
+
+
+def main() -> int:
+    args = parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    command = pretty_command()
+    notes: list[str] = []
+    rllib_ready = Path(args.rllib_python).exists()
+    if "rllib" in args.systems and not rllib_ready:
+        notes.append(f"RLlib skipped: {args.rllib_python} not found; make it with `bash benchmarks/setup_peers.sh`.")
+        print(f"peers: {notes[-1]}", flush=True)
+    jobs = jobs_of(args, rllib_ready)
+    workroot = Path(tempfile.mkdtemp(prefix="bench_peers_", dir="/tmp"))
+    started = time.perf_counter()
+    results: list[dict[str, Any]] = []
+    curves: list[tuple[str, list[float], list[float]]] = []
+    versions: dict[str, str] = {}
+    try:
+        for repeat in range(args.repeats):
+            for system, n in jobs if repeat % 2 == 0 else list(reversed(jobs)):
+                print(f"peers: repeat {repeat + 1}/{args.repeats}: {system} ({n}), {args.total_steps} steps "
+                      f"(load {load_average():.2f}) ...", flush=True)
+                try:
+                    summary, curve, run_versions = run_job(args, system, n, workroot / f"r{repeat}_{system}_{n}")
+                except RuntimeError as error:  # one failed system must not cost the others' measurements
+                    notes.append(f"repeat {repeat + 1}, {system} ({n}) failed: {str(error).splitlines()[0]}")
+                    print(f"peers: {error}", flush=True)
+                    continue
+                versions.update(run_versions)
+                results.append({"repeat": repeat + 1, **summary})
+                if repeat == 0:  # same seed: one curve per system says what it learns at this budget
+                    curves.append((summary["system"], *curve))
+                print(f"  {summary['steps_per_s']:,.0f} steps/s (whole loop {summary['steps_per_s_whole_loop']:,.0f}), "
+                      f"rollout {summary['t_rollout']:.3f} s, update {summary['t_update']:.3f} s per iteration, "
+                      f"{summary['grad_steps_per_iter']:.0f} Adam steps, mean return {summary['mean_return']:.1f}, "
+                      f"process {summary['process_wall_s']:.0f} s", flush=True)
+    finally:
+        shutil.rmtree(workroot, ignore_errors=True)
+    if not results:
+        print("peers: no run finished; nothing written", file=sys.stderr)
+        return 1
+    markdown = write_results(args, out, command, time.perf_counter() - started, results, curves, versions, notes)
+    print()
+    print(markdown)
+    print(f"wrote runs.csv, curves.csv, results.md, peers.png to {out}")
+    return 1 if any(" failed: " in note for note in notes) else 0
+
+
+def write_results(args: argparse.Namespace, out: Path, command: str, wall_s: float, results: list[dict[str, Any]],
+                  curves: list[tuple[str, list[float], list[float]]], versions: dict[str, str],
+                  notes: list[str]) -> str:
+    """Write runs.csv, curves.csv, results.md and peers.png; return the markdown."""
+    write_csv(out / "runs.csv", results)
+    write_csv(out / "curves.csv", [{"system": label, "steps": x, "mean_return": y}
+                                   for label, xs, ys in curves for x, y in zip(xs, ys, strict=True)])
+    baseline = results[0]["system"]  # the first system of the first repeat: train.py --nprocs N by default
+    rows, ratios = [], {}
+    for repeat in range(1, args.repeats + 1):
+        mine = [r for r in results if r["repeat"] == repeat]
+        base = next((r["steps_per_s"] for r in mine if r["system"] == baseline), math.nan)
+        for r in mine:
+            ratio = r["steps_per_s"] / base
+            ratios.setdefault(r["system"], []).append(ratio)
+            rows.append([repeat, r["system"], f"{r['steps_per_s']:,.0f}", f"{r['steps_per_s_whole_loop']:,.0f}",
+                         f"{ratio:.2f}x", f"{r['t_rollout']:.3f}", f"{r['t_update']:.3f}", f"{r['t_other']:.3f}",
+                         f"{r['grad_steps_per_iter']:.0f}", f"{r['mean_return']:.1f} ({r['tail_episodes']})",
+                         f"{r['process_wall_s']:.0f}", f"{r['load_before']:.2f}"])
+    ratio_lines = [f"- {system} / {baseline}, steps/s after the warm-up: median **{statistics.median(xs):.2f}x** over "
+                   f"{len(xs)} repeat(s) ({', '.join(f'{x:.2f}x' for x in xs)})"
+                   for system, xs in ratios.items() if system != baseline]
+    loads = ", ".join(f"r{r['repeat']} {r['system'].split(', torch')[0]}: {r['load_before']:.2f}" for r in results)
+    header = machine_lines(command, wall_s, loads)
+    header.insert(1, f"- budget: {args.total_steps} steps per run on {args.env}, seed {args.seed}; warm-up "
+                  f"{args.warmup} iteration(s) left out of steps/s; final mean return over the episodes of the last "
+                  f"{args.tail} iterations; " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    markdown = "\n".join([
+        *header, "",
+        f"Per run (seconds per iteration; ours: rollout = rollout + gather, update = update + broadcast; RLlib: "
+        f"update = its learner update, rollout = the rest of train(); ratio = steps/s over {baseline}'s in the same "
+        "repeat):", "",
+        table(["repeat", "system", "steps/s", "steps/s whole loop", "ratio", "rollout s", "update s", "other s",
+               "Adam steps / iter", "final mean return (episodes)", "process wall s", "load before"], rows),
+        "", *ratio_lines, "",
+        "What each system does (the work per iteration is the same; these are the differences):", "",
+        *(f"- {note}" for note in NOTES),
+        *(["", *(f"- {note}" for note in notes)] if notes else []),
+    ]) + "\n"
+    (out / "results.md").write_text(markdown)
+    plot_curves(curves, out / "peers.png", f"{args.env}, {args.total_steps} steps, seed {args.seed} (one curve per "
+                "system: the first repeat's; RLlib's is its running mean of the last 100 episodes)")
+    return markdown
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Creates benchmarks/.venv-rllib: RLlib for benchmarks/peers.py, kept out of the project's own environment (ray
+# pins its own gymnasium and pulls in pandas, pyarrow, pydantic and more; the tests never see any of it).
+#
+#   bash benchmarks/setup_peers.sh            # about 2-5 minutes; PYTHON=python3.11 picks the interpreter
+#
+# The CleanRL-style peer needs no set-up: it runs on the bench extra's torch in the project's .venv.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$repo/benchmarks/.venv-rllib"
+python="${PYTHON:-python3}"
+ray_version="2.60.0"
+torch_version="2.13.0"  # the CPU-only wheel from this project's package index, as in the sb3 extra
+
+# The environments must be the same code as ours: take gymnasium's and MuJoCo's versions from the project's .venv
+# when it exists. ray[rllib]'s extra asks for gymnasium==1.2.2: installing ours over it afterwards overrides that
+# (ray 2.60.0 ran with gymnasium 1.4.0), and peers.py records the versions each system ran with.
+gymnasium_version="1.4.0"
+mujoco_version="4.0.0"
+if [[ -x "$repo/.venv/bin/python" ]]; then
+    read -r gymnasium_version mujoco_version < <("$repo/.venv/bin/python" -c \
+        'import gymnasium, mujoco; print(gymnasium.__version__, mujoco.__version__)')
+fi
+
+"$python" -m venv "$venv"
+"$venv/bin/pip" install --quiet --upgrade pip
+"$venv/bin/pip" install --quiet "torch==$torch_version" "ray[rllib]==$ray_version"
+"$venv/bin/pip" install --quiet "gymnasium[mujoco]==$gymnasium_version" "mujoco==$mujoco_version"
+"$venv/bin/python" -c 'import ray, torch, gymnasium, mujoco; from ray.rllib.algorithms.ppo import PPOConfig
+print(f"benchmarks/.venv-rllib: ray {ray.__version__}, torch {torch.__version__}, gymnasium {gymnasium.__version__}, "
+      f"mujoco {mujoco.__version__}")'
