@@ -730,6 +730,9 @@ class Learner:
     """Rank 0's side: the TensorFlow actor-critic, the PPO or TRPO update, and the run directory's logs."""
 
     def __init__(self, config: TrainConfig, run_dir: Path, obs_dim: int, action_space: object, resuming: bool) -> None:
+        # oneDNN's kernels cost more than they save on 64x64 networks (benchmarks/update.py): TensorFlow's own
+        # kernels run instead. A value the user set is kept (config.json records it).
+        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
         mpi_util.setup_gpu(config.gpu_pct)  # imports TensorFlow, without its start-up log lines
         import tensorflow as tf
 
@@ -739,7 +742,8 @@ class Learner:
         # this size splitting an op across threads (Adam's fused kernel above all) costs more than it saves;
         # two ops at a time where the CPUs it was given (affinity, cgroup quota) allow (benchmarks/update.py).
         self.cpus = mpi_util.cpus_available()
-        self.threads = {"tf_intra_op_threads": 1, "tf_inter_op_threads": min(2, self.cpus)}
+        self.threads = {"tf_intra_op_threads": 1, "tf_inter_op_threads": min(2, self.cpus),
+                        "tf_enable_onednn_opts": os.environ["TF_ENABLE_ONEDNN_OPTS"]}
         tf.config.threading.set_intra_op_parallelism_threads(self.threads["tf_intra_op_threads"])
         tf.config.threading.set_inter_op_parallelism_threads(self.threads["tf_inter_op_threads"])
         tf.config.experimental.enable_op_determinism()  # same seed and nprocs, same results

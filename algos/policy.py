@@ -13,13 +13,6 @@ from algos.numpy_actor import NumpyActor
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
-def _mlp(weights: list[tf.Variable], x: tf.Tensor) -> tf.Tensor:
-    """build_mlp's network on x (N, in_dim) with weights [W0, b0, ..., W, b]: tanh hidden layers, linear output."""
-    for i in range(0, len(weights) - 2, 2):
-        x = tf.tanh(tf.nn.bias_add(tf.matmul(x, weights[i]), weights[i + 1]))
-    return tf.nn.bias_add(tf.matmul(x, weights[-2]), weights[-1])
-
-
 class ActorCritic:
     """The learner's networks, built identically on every rank (call keras.utils.set_random_seed before).
 
@@ -60,10 +53,6 @@ class ActorCritic:
             else tf.Variable(np.full(self.act_dim, init_log_std, dtype=np.float32), name="log_std")
         )
         self.v_net = build_mlp(obs_dim, 1, hidden, output_gain=1.0)
-        # The same variables as pi_net's and v_net's, for _mlp: calling the Keras models adds ops per layer, and
-        # on 64x64 networks the update's time is in the number of ops.
-        self._pi_weights = [w.value for w in self.pi_net.weights]
-        self._v_weights = [w.value for w in self.v_net.weights]
         self.obs_rms = RunningMeanStd(obs_dim)
         # The clip only guards against overflow: a return 1e6 standard deviations out is not a real sample.
         self.ret_rms = RunningMeanStd(1, clip=1e6)
@@ -72,14 +61,14 @@ class ActorCritic:
         """pi_net weights [W0, b0, ...] then log_std (Box only)."""
         # Keras 3 weights wrap a tf.Variable; handing out the wrapped object gives callers a real tf.Variable
         # whose assign() changes the model itself.
-        variables = list(self._pi_weights)
+        variables = [w.value for w in self.pi_net.weights]
         if self.log_std is not None:
             variables.append(self.log_std)
         return variables
 
     def value_variables(self) -> list[tf.Variable]:
         """v_net weights [W0, b0, ...]."""
-        return list(self._v_weights)
+        return [w.value for w in self.v_net.weights]
 
     def variables(self) -> list[tf.Variable]:
         """pi_net.weights + [log_std] (if Box) + v_net.weights, in this fixed order."""
@@ -102,14 +91,14 @@ class ActorCritic:
     def dist_params(self, obs: tf.Tensor) -> tf.Tensor:
         """Parameters of the action distribution, (N, P): logits (N, act_dim) for Discrete,
         [mean, log_std] concatenated (N, 2 * act_dim) for Box."""
-        out = _mlp(self._pi_weights, obs)
+        out = self.pi_net(obs)
         if self.log_std is None:
             return out
         return tf.concat([out, tf.zeros_like(out) + self.log_std], axis=1)
 
     def log_prob(self, obs: tf.Tensor, act: tf.Tensor) -> tf.Tensor:
         """log pi(act | obs), (N,); act (N, act_dim) float32 (Box) or (N,) int64 (Discrete)."""
-        out = _mlp(self._pi_weights, obs)
+        out = self.pi_net(obs)
         if self.log_std is None:
             return tf.gather(tf.nn.log_softmax(out), act, batch_dims=1)
         z = (act - out) * tf.exp(-self.log_std)
@@ -119,7 +108,7 @@ class ActorCritic:
     def entropy(self, obs: tf.Tensor) -> tf.Tensor:
         """Entropy of pi(. | obs), (N,)."""
         if self.log_std is None:
-            logp = tf.nn.log_softmax(_mlp(self._pi_weights, obs))
+            logp = tf.nn.log_softmax(self.pi_net(obs))
             return -tf.reduce_sum(tf.exp(logp) * logp, axis=1)
         per_state = tf.reduce_sum(self.log_std) + 0.5 * self.act_dim * (1.0 + _LOG_2PI)
         return tf.fill([tf.shape(obs)[0]], per_state)
@@ -143,4 +132,4 @@ class ActorCritic:
 
     def value(self, obs: tf.Tensor) -> tf.Tensor:
         """Value of the normalized return, (N,)."""
-        return _mlp(self._v_weights, obs)[:, 0]
+        return self.v_net(obs)[:, 0]

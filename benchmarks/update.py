@@ -8,17 +8,20 @@ update runs all 10 epochs (equal work), on one fixed batch of 2,048 random rows.
 traces the graphs), then ``--updates`` timed ones; the variant's figure is their median. The variants run in an order
 that alternates from repeat to repeat, and the ratios to the baseline pair runs of the same repeat.
 
-Variants (the levers are those of algos/ppo.py, algos/policy.py and algos/adam.py, turned off one at a time by
-patching this checkout in the child process, nothing else changed):
+Variants (the levers of algos/ppo.py, algos/adam.py and train.py's Learner, turned off one at a time by patching
+this checkout in the child process, nothing else changed):
 
-- BASELINE: ``git archive BASELINE algos mpi_util`` run as train.py ran it then (intra-op threads = CPUs, 2 inter-op);
-- now: this checkout with train.py's thread settings (1 intra-op thread, inter-op min(2, CPUs));
+- BASELINE: ``git archive BASELINE algos mpi_util`` run as train.py ran it then (intra-op threads = CPUs, 2 inter-op,
+  oneDNN on);
+- now: this checkout as train.py runs it (1 intra-op thread, inter-op min(2, CPUs), TF_ENABLE_ONEDNN_OPTS=0);
 - now, Keras Adam: keras.optimizers.Adam instead of the fused kernel (FusedAdam);
-- now, Keras layers: the networks called as Keras models instead of raw matmul/bias_add/tanh ops;
 - now, graph loop: an epoch's minibatch steps in a tf.range loop instead of unrolled;
-- now, intra-op = CPUs: train.py's thread settings before this change;
-- now, XLA step: each minibatch step compiled with jit_compile=True;
-- now, oneDNN off: TF_ENABLE_ONEDNN_OPTS=0.
+- now, intra-op = CPUs: train.py's thread settings before;
+- now, oneDNN on: TensorFlow's default;
+- now, XLA step (a lever tried, not kept): each minibatch step compiled with jit_compile=True.
+
+Tried and removed because it did not pay (benchmarks/results/update_levers/): the networks as raw matmul/bias_add/tanh
+ops instead of calls of the Keras models, 1.02, 0.94 and 1.04x the time with them.
 
 Writes runs.csv and results.md to ``--out`` (default benchmarks/results/update/) and prints the table.
 """
@@ -40,9 +43,9 @@ from typing import Any
 from scaling import fmt, load_average, machine_lines, median, pretty_command, table, write_csv
 
 REPO = Path(__file__).resolve().parent.parent
-LEVERS = ("keras_adam", "keras_layers", "graph_loop", "intra_all", "xla_step", "onednn_off")
-LABELS = {"keras_adam": "now, Keras Adam", "keras_layers": "now, Keras layers", "graph_loop": "now, graph loop",
-          "intra_all": "now, intra-op = CPUs", "xla_step": "now, XLA step", "onednn_off": "now, oneDNN off"}
+LEVERS = ("keras_adam", "graph_loop", "intra_all", "onednn_on", "xla_step")
+LABELS = {"keras_adam": "now, Keras Adam", "graph_loop": "now, graph loop", "intra_all": "now, intra-op = CPUs",
+          "onednn_on": "now, oneDNN on", "xla_step": "now, XLA step"}
 
 
 def turn_off(lever: str) -> None:
@@ -50,7 +53,6 @@ def turn_off(lever: str) -> None:
     import keras
     import tensorflow as tf
 
-    import algos.policy
     import algos.ppo
 
     if lever == "keras_adam":
@@ -65,16 +67,6 @@ def turn_off(lever: str) -> None:
                 self.optimizer.apply_gradients(zip(grads, self.trained, strict=True))
 
         algos.ppo.FusedAdam = KerasAdam
-    elif lever == "keras_layers":
-        models: dict[int, Any] = {}
-        original_init = algos.policy.ActorCritic.__init__
-
-        def init(self: Any, *args: Any, **kwargs: Any) -> None:
-            original_init(self, *args, **kwargs)
-            models[id(self._pi_weights)], models[id(self._v_weights)] = self.pi_net, self.v_net
-
-        algos.policy.ActorCritic.__init__ = init
-        algos.policy._mlp = lambda weights, x: models[id(weights)](x)
     elif lever == "graph_loop":
         def epoch(self: Any, obs: Any, act: Any, adv: Any, v_target: Any, old_logp: Any, perm: Any) -> Any:
             mb = self.cfg.minibatch_size
@@ -111,7 +103,7 @@ def child(tree: Path, intra_threads: int, lever: str, updates: int) -> None:
     tf.config.experimental.enable_op_determinism()  # as train.py runs it
     from algos import PPO, ActorCritic, PPOConfig
 
-    if lever not in ("", "intra_all", "onednn_off"):
+    if lever not in ("", "intra_all", "onednn_on"):
         turn_off(lever)
     keras.utils.set_random_seed(0)
     ac = ActorCritic(17, gymnasium.spaces.Box(-1.0, 1.0, (6,), np.float32))
@@ -130,8 +122,8 @@ def child(tree: Path, intra_threads: int, lever: str, updates: int) -> None:
     print(json.dumps({"t_update": times}))
 
 
-def run_variant(name: str, tree: Path, lever: str, intra: int, updates: int) -> dict[str, Any]:
-    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0" if lever == "onednn_off" else "1"}
+def run_variant(name: str, tree: Path, lever: str, intra: int, onednn: str, updates: int) -> dict[str, Any]:
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn}
     load = load_average()
     result = subprocess.run(
         [sys.executable, __file__, "--child", str(tree), "--intra", str(intra), "--lever", lever,
@@ -140,7 +132,7 @@ def run_variant(name: str, tree: Path, lever: str, intra: int, updates: int) -> 
         raise SystemExit(f"update.py: {name} failed:\n{result.stderr[-3000:]}")
     times = json.loads(result.stdout.strip().splitlines()[-1])["t_update"]
     return {"variant": name, "t_update_s": median(times), "t_update_min_s": min(times), "intra_op_threads": intra,
-            "load_before": load}
+            "onednn": onednn, "load_before": load}
 
 
 def parse_args() -> argparse.Namespace:
@@ -177,12 +169,14 @@ def main() -> int:
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(old_tree, filter="data")
         cpus = os.cpu_count() or 1
-        # (name, checkout, lever turned off, intra-op threads)
-        variants = [(args.baseline, old_tree, "", cpus), ("now", REPO, "", 1)]
-        variants += [(LABELS[lever], REPO, lever, cpus if lever == "intra_all" else 1) for lever in levers]
+        # (name, checkout, lever turned off, intra-op threads, TF_ENABLE_ONEDNN_OPTS)
+        variants = [(args.baseline, old_tree, "", cpus, "1"), ("now", REPO, "", 1, "0")]
+        for lever in levers:
+            variants.append((LABELS[lever], REPO, lever, cpus if lever == "intra_all" else 1,
+                             "1" if lever == "onednn_on" else "0"))
         for repeat in range(args.repeats):
-            for name, tree, lever, intra in variants if repeat % 2 == 0 else variants[::-1]:
-                run = {**run_variant(name, tree, lever, intra, args.updates), "repeat": repeat}
+            for name, tree, lever, intra, onednn in variants if repeat % 2 == 0 else variants[::-1]:
+                run = {**run_variant(name, tree, lever, intra, onednn, args.updates), "repeat": repeat}
                 runs.append(run)
                 print(f"repeat {repeat} {name}: t_update {run['t_update_s'] * 1000:.1f} ms", flush=True)
     for run in runs:
@@ -193,10 +187,12 @@ def main() -> int:
     rows = []
     for name, *_ in variants:
         mine = [r for r in runs if r["variant"] == name]
-        rows.append([name, mine[0]["intra_op_threads"], fmt(median([r["t_update_s"] for r in mine]) * 1000, 1),
+        rows.append([name, mine[0]["intra_op_threads"], mine[0]["onednn"],
+                     fmt(median([r["t_update_s"] for r in mine]) * 1000, 1),
                      ", ".join(f"{r['ratio_to_baseline']:.2f}" for r in mine),
                      ", ".join(f"{r['ratio_to_now']:.2f}" for r in mine)])
-    header = ["variant", "intra-op threads", "t_update (ms, median)", f"t_update / {args.baseline} (per repeat)",
+    header = ["variant", "intra-op threads", "TF_ENABLE_ONEDNN_OPTS", "t_update (ms, median)",
+              f"t_update / {args.baseline} (per repeat)",
               "t_update / now (per repeat)"]
     text = table(header, rows)
     args.out.mkdir(parents=True, exist_ok=True)
