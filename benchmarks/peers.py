@@ -47,7 +47,7 @@ SYSTEMS = ("ours", "sb3", "cleanrl", "rllib")
 NOTES = [
     "train.py: lr annealed linearly to 0; an update's epochs stop when an epoch's approx KL exceeds 1.5 x 0.02; "
     "observations normalized with running statistics (clip 10), value targets with running return statistics; "
-    "rank 0's TF update uses every core.",
+    "rank 0's TF update runs one thread per op, two ops at a time, TensorFlow's own kernels (oneDNN off).",
     "stable-baselines3: constant lr (as vs_sb3.py runs it); target_kl 0.02 checked after every minibatch; "
     "VecNormalize of observations and rewards (clip 10); torch on `--torch_threads` thread(s).",
     "CleanRL-style: lr annealed linearly to 0; epochs stop on approx KL > 1.5 x 0.02 (CleanRL's per-epoch check, "

@@ -13,7 +13,7 @@ The two configurations (PPO defaults for MuJoCo on both sides; the work per iter
   (over all ranks), 10 epochs of 64-row minibatches (32 Adam steps per epoch, lr 3e-4, eps 1e-5), clip 0.2,
   gamma 0.99, lambda 0.95, grad-norm clip 0.5, epochs stopped early when an epoch's approx KL exceeds 1.5 x 0.02,
   separate 64-64 tanh policy and value MLPs, observations normalized with running statistics (clip 10), value
-  targets normalized with running return statistics. Rank 0's TF update uses every core (intra-op threads = nproc).
+  targets normalized with running return statistics. Rank 0's TF update: one thread per op, two at a time.
 - stable-baselines3: ``PPO("MlpPolicy", VecNormalize(DummyVecEnv([Monitor(gym.make(ENV))]), norm_obs=True,
   norm_reward=True, clip_obs=10), n_steps=2048, batch_size=64, n_epochs=10, learning_rate=3e-4, clip_range=0.2,
   gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5, target_kl=0.02, device="cpu")``: one env, 64-64 tanh MLPs
