@@ -133,6 +133,7 @@ class PPO:
         n = int(perm.shape[0])
         sums = tf.zeros(5)
         for start in range(0, n, mb):
+            heartbeat()  # runs while the epoch is traced (seconds, on the first call), not when the graph runs
             sums += self._minibatch_step(obs, act, adv, v_target, old_logp, perm[start : start + mb])
         return sums / float((n + mb - 1) // mb)
 

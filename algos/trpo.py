@@ -197,6 +197,7 @@ class TRPO:
         n = int(perm.shape[0])
         total = tf.constant(0.0)
         for start in range(0, n, mb):
+            heartbeat()  # runs while the epoch is traced (seconds, on the first call), not when the graph runs
             total += self._vf_step(obs, v_target, perm[start : start + mb])
         return total / float((n + mb - 1) // mb)
 

@@ -13,6 +13,11 @@ import pytest
 from mpi_util import find_mpiexec
 from mpi_util.launch import OPEN_MPI_DEFAULTS, mpi_library_is_open_mpi
 
+# TensorFlow imports JAX when it is installed, and JAX's import sets TF_CPP_MIN_LOG_LEVEL=1 in os.environ: every job
+# this process starts after a test imported TensorFlow would inherit it and print TensorFlow's start-up lines. JAX
+# runs only in the jobs of the tests that use it.
+sys.modules.setdefault("jax", None)  # type: ignore[arg-type]
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
 
