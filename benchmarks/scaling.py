@@ -53,6 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from algos.versions import stack_versions
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "scaling"
 TIME_KEYS = ("t_rollout", "t_gather", "t_update", "t_bcast")
@@ -256,6 +258,7 @@ def machine_lines(command: str, wall_s: float, loads: str) -> list[str]:
         f"- machine: nproc {machine['nproc']}, {machine['cpu_model']}, {machine['memory']} memory, {machine['os']}, "
         f"Python {machine['python']}",
         f"- date: {machine['date_utc']} (`date -u` at the end); total wall time of the benchmark {wall_s:.0f} s",
+        "- versions: " + ", ".join(f"{name} {value}" for name, value in stack_versions().items()),
         f"- 1-minute load average before each run ({loads}). The machine is shared: other jobs ran during the "
         "measurement, so absolute numbers move from run to run; the ratios pair neighbouring runs.",
     ]

@@ -178,10 +178,23 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir, envs_per_r
     assert reproducible_part(progress(resumed)) == reproducible_part(progress(whole))
 
 
-def test_resume_with_different_nprocs_keeps_counters(runs_dir):
+def test_resume_with_different_nprocs_keeps_counters_and_other_versions_are_named(runs_dir):
+    from algos.checkpoint import load_latest_checkpoint, save_checkpoint
+
     part, _ = train("CartPole-v1", "--nprocs", "2", "--total_steps", "4096", "--logdir", str(runs_dir / "renproc"))
+    versions = json.loads((part / "config.json").read_text())["versions"]
+    assert {"python", "numpy", "tensorflow", "gymnasium", "mujoco", "mpi4py", "mpi_library", "cpu_model"} <= set(
+        versions), versions
+    # The checkpoint as another numpy would have written it: --resume names the difference in one line.
+    path, state, _ = load_latest_checkpoint(part / "checkpoints")
+    assert state["versions"] == versions
+    state["versions"] = {**versions, "numpy": "1.0.0"}
+    save_checkpoint(part / "checkpoints", int(path.stem.split("_")[1]), state)
     resumed, out = train("--resume", str(part), "--nprocs", "3", "--total_steps", "8192")
     assert "(was 2 processes: fresh episodes)" in out
+    warnings = [line for line in out.splitlines() if "other versions" in line]
+    assert warnings == [f"train.py: warning: {path.name} was written with other versions (numpy 1.0.0 -> "
+                        f"{versions['numpy']}); the run continues, but not bit for bit as it would have"], out
     rows = progress(resumed)
     assert [int(r["total_steps"]) for r in rows] == [2048, 4096, 6144, 8192]
     assert json.loads((resumed / "config.json").read_text())["nprocs"] == 3
