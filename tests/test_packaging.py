@@ -4,6 +4,7 @@ train.py then says in one line what to install."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from conftest import REPO, SCRIPTS, run_bounded
 
@@ -28,6 +29,7 @@ def test_base_install_has_mpi_util_without_tensorflow(tmp_path):
     where = run_bounded([str(python), "-c", "import mpi_util; print(mpi_util.__file__)"], timeout=60,
                         env={"PYTHONPATH": ""}, cwd=tmp_path).stdout
     assert str(venv) in where, where
+    assert (Path(where.strip()).parent / "py.typed").is_file()  # type checkers read mpi_util's hints (PEP 561)
     result = run_bounded([str(python), str(REPO / "train.py"), "Walker2d"], timeout=60, cwd=tmp_path)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
