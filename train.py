@@ -85,6 +85,9 @@ class TrainConfig:
     """Abort the job when a rank waits this long for the others in a collective: "auto" (the first two calls of each
     collective may wait 10 minutes, later ones 10x the slowest wait seen so far, at least 60 s), a number of seconds,
     or 0 (never)."""
+    stop_grace: float = 30.0
+    """After a stop request (Ctrl-C, SIGTERM), seconds the ranks wait for each other before the job ends without a
+    final checkpoint: a scheduler that preempts a job usually allows 30 s or more before it kills it."""
     config_version: int = 2
     """Layout of config.json: 1 before lr applied to TRPO (whose value function then always learned at 1e-3)."""
 
@@ -92,10 +95,7 @@ class TrainConfig:
 _DEFAULT_LR = {"ppo": 3e-4, "trpo": 1e-3}
 # What a resumed run may change; every other setting defines the run and comes from its config.json.
 _RESUMABLE = ("nprocs", "gpu_pct", "total_steps", "num_episodes", "checkpoint_every", "check_sync", "batch_split",
-              "stall_timeout")
-# After a stop request (Ctrl-C, SIGTERM), how long ranks wait for each other before the job ends without a final
-# checkpoint: a scheduler that preempts a job usually allows 30 s or more before it kills it.
-STOP_GRACE_S = 30.0
+              "stall_timeout", "stop_grace")
 
 
 def _default(name: str) -> str:
@@ -177,12 +177,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "the longest pause seen once past the first two calls, and 120 s before a process's first "
                              "step (MPI_UTIL_STALL_STARTUP sets this allowance); 0 waits forever (default: "
                              f"{_default('stall_timeout')})")
+    parser.add_argument("--stop_grace", type=float,
+                        help="after Ctrl-C or SIGTERM, seconds the processes wait for each other to finish the "
+                             "iteration and checkpoint before the job ends without one, naming a process that did not "
+                             f"arrive; match your scheduler's warning time (default: {_default('stop_grace')})")
     parser.add_argument("--logdir", type=str, default="runs",
                         help="directory that holds the run directories (default: %(default)s)")
     parser.add_argument("--resume", type=str, metavar="RUN_DIR", default=None,
                         help="continue the run in RUN_DIR from its newest good checkpoint; --nprocs, --gpu_pct, the "
-                             "budget (--total_steps, --num_episodes), --checkpoint_every, --check_sync, --batch_split "
-                             "and --stall_timeout may be changed, the other settings may not")
+                             "budget (--total_steps, --num_episodes), --checkpoint_every, --check_sync, --batch_split, "
+                             "--stall_timeout and --stop_grace may be changed, the other settings may not")
     parser.add_argument("--play", type=str, metavar="RUN_DIR", default=None,
                         help="run RUN_DIR's saved policy (deterministic) and print episode returns")
     parser.add_argument("--episodes", type=int, default=5, help="episodes for --play (default: %(default)s)")
@@ -394,7 +398,7 @@ def prepare_run_dir(run_dir: Path, logdir: str, new: bool) -> Path:
 
 def check_config(config: TrainConfig) -> None:
     """ValueError with a one-line reason for a setting train.py cannot run with."""
-    for name in ("gpu_pct", "gamma", "lam", "kl_targ", "lr", "stall_timeout"):
+    for name in ("gpu_pct", "gamma", "lam", "kl_targ", "lr", "stall_timeout", "stop_grace"):
         value = getattr(config, name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"--{name} must be a finite number, got {value}")
@@ -418,6 +422,8 @@ def check_config(config: TrainConfig) -> None:
         raise ValueError(f"--kl_targ must be > 0, got {config.kl_targ}")
     if config.stall_timeout != "auto" and not config.stall_timeout >= 0:
         raise ValueError(f"--stall_timeout must be 'auto' or >= 0 seconds (0: never), got {config.stall_timeout}")
+    if not config.stop_grace > 0:
+        raise ValueError(f"--stop_grace must be > 0 seconds, got {config.stop_grace}")
     if not 0.0 <= config.gpu_pct <= 1.0:
         raise ValueError(f"--gpu_pct must be in [0, 1] (fraction of GPU memory per process), got {config.gpu_pct}")
     if not config.lr > 0:
@@ -564,11 +570,13 @@ class StopRequest:
     """Ctrl-C or SIGTERM (mpiexec passes them on to every rank): finish the iteration, checkpoint, exit cleanly.
 
     Rank 0's request decides, through the broadcast counters, so every rank stops after the same iteration. From the
-    request on, every rank waits at most STOP_GRACE_S for the others (mpi_util.stall_deadline): a rank that hangs
-    ends the job then, named, instead of holding it for the whole stall timeout. A second signal stops at once.
+    request on, every rank waits at most ``grace_s`` (--stop_grace) for the others (mpi_util.stall_deadline): a rank
+    that hangs ends the job then, named, instead of holding it for the whole stall timeout. A second signal stops at
+    once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
         self.signum: int | None = None
         self.announced = False
         signal.signal(signal.SIGINT, self._request)
@@ -580,7 +588,7 @@ class StopRequest:
         if self.signum is not None:
             raise KeyboardInterrupt  # a second signal: stop now, without a checkpoint
         self.signum = signum
-        mpi_util.stall_deadline(STOP_GRACE_S, f"{STOP_GRACE_S:g} s after the stop request (signal {signum})")
+        mpi_util.stall_deadline(self.grace_s, f"{self.grace_s:g} s after the stop request (signal {signum})")
 
     def announce(self) -> None:
         """Say once, from the loop, that a stop was requested."""
@@ -610,7 +618,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     rank, nprocs = mpi_util.rank, mpi_util.nworkers
     mpi_util.set_global_seeds(config.seed)
     mpi_util.set_stall_timeout(config.stall_timeout)  # 0: never, as MPI_UTIL_STALL_TIMEOUT=0
-    stop = StopRequest()
+    stop = StopRequest(config.stop_grace)
     worker, action_rng = make_rollout_worker(config, rank, seed_path=())
     obs_dim, action_space = worker.envs[0].observation_space.shape[0], worker.envs[0].action_space
     discrete = isinstance(action_space, gymnasium.spaces.Discrete)

@@ -135,7 +135,8 @@ def test_no_restart_after_the_user_stops_the_job(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), FAULT_KIND="hang", FAULT_RANK="1", FAULT_AT_STEP="700")
     job = subprocess.Popen([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536",
                             "--checkpoint_every", "1", "--total_steps", "100000", "--max_restarts", "2",
-                            "--logdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            "--stop_grace", "5", "--logdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE,
                            text=True, env=env)
     try:
         for line in job.stdout:  # iteration 1 logged: rank 1 will hang in iteration 2

@@ -238,6 +238,7 @@ BAD_INPUTS = [
     (["CartPole-v1", "--lr", "inf"], "--lr must be a finite number, got inf"),
     (["CartPole-v1", "--kl_targ", "nan"], "--kl_targ must be a finite number, got nan"),
     (["CartPole-v1", "--seed", "-1"], "--seed must be a non-negative integer, got -1"),
+    (["CartPole-v1", "--stop_grace", "0"], "--stop_grace must be > 0 seconds, got 0.0"),
     (["--resume", "/nonexistent/run"], "not a run directory (no config.json)"),
     (["CartPole-v1", "--nprocs", "2", "--hostfile", "/no/hosts"], "--hostfile /no/hosts: no such file"),
     (["CartPole-v1", "--hostfile", __file__], "--hostfile needs --nprocs N with N >= 2"),
