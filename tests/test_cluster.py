@@ -133,7 +133,7 @@ def test_repeated_stop_signals_while_rank_0_writes_never_break_its_output(tmp_pa
     # write, then checks it saw the request and printed the announcement from its loop.
     script = (
         "import sys, train\n"
-        "stop = train.StopRequest()\n"
+        "stop = train.StopRequest(grace_s=30.0)\n"
         "print('ready', flush=True)\n"
         "line = 'x' * 4000\n"
         "while stop.signum is None:\n"
