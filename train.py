@@ -58,6 +58,11 @@ class TrainConfig:
     """How ranks share the batch: "even" (batch_size / nprocs steps each; same seed, same results) or "shared"
     (ranks draw steps from one budget until the batch is full, so a rank the machine slows down does fewer; faster
     on busy or oversubscribed machines, not reproducible bit for bit; every rank on one host)."""
+    policy_lag: int = 0
+    """0: every rank waits for rank 0's update before it rolls out again. 1: the ranks roll out the next batch with
+    the weights they have while rank 0 learns from the last one, each batch learned from one update late and
+    importance-weighted for it (decoupled PPO); faster where the update would leave the others waiting, with the
+    shared batch split (its default then)."""
     gamma: float = 0.99
     """Discount factor."""
     lam: float = 0.95
@@ -146,6 +151,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "full, so none waits for a slowed-down one (faster when processes share cores or the "
                              "machine is busy; not reproducible bit for bit; one host only) "
                              f"(default: {_default('batch_split')})")
+    parser.add_argument("--policy_lag", type=int, choices=[0, 1],
+                        help="1: the processes roll out the next batch with the current weights while rank 0 learns "
+                             "from the last one (one update of policy lag, importance-weighted); faster when the "
+                             "update would leave them waiting; --batch_split then defaults to 'shared' "
+                             f"(default: {_default('policy_lag')})")
     parser.add_argument("-g", "--gamma", type=float,
                         help=f"discount factor, in (0, 1] (default: {_default('gamma')})")
     parser.add_argument("-l", "--lam", type=float, help=f"GAE lambda, in (0, 1] (default: {_default('lam')})")
@@ -259,6 +269,7 @@ def load_saved_config(run_dir: Path) -> dict:
     saved.setdefault("lr_schedule", "constant")  # runs from before the schedule existed had a constant lr
     saved.setdefault("envs_per_rank", 1)
     saved.setdefault("batch_split", "even")
+    saved.setdefault("policy_lag", 0)
     if saved.get("config_version", 1) < 2:
         if saved["algo"] == "trpo":
             saved["lr"] = 1e-3  # what TRPO's value function used, whatever lr said
@@ -358,6 +369,8 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
             raise ValueError("name an environment, e.g. `python train.py Walker2d`, or pass --resume/--play RUN_DIR")
         config = TrainConfig(env_id=resolve_env_id(args.env_name), **given)
         config.lr = config.lr if config.lr is not None else _DEFAULT_LR[config.algo]
+        if config.policy_lag and "batch_split" not in given:
+            config.batch_split = "shared"  # with even shares rank 0 rolls out its own after the update: no gain
         # Only a name: rank 0 creates it (create_run_dir), which is what makes it unique.
         run_dir = Path(os.environ.get(_RUN_DIR_VARIABLE)
                        or Path(args.logdir) / run_dir_name(config.env_id, config.algo, config.seed))
@@ -551,19 +564,21 @@ def _counter(index: int, doc: str) -> property:
 
 
 class Counters:
-    """What rank 0 counts; broadcast with the weights as one int64 array (4,), so every rank agrees on when to stop."""
+    """What rank 0 counts; broadcast with the weights as one int64 array (5,), so every rank agrees on when to stop."""
 
-    iteration = _counter(0, "iterations completed")
-    total_steps = _counter(1, "environment steps, all ranks together")
-    total_episodes = _counter(2, "episodes finished, all ranks together")
+    iteration = _counter(0, "updates done")
+    total_steps = _counter(1, "environment steps learned from, all ranks together")
+    total_episodes = _counter(2, "episodes finished in the batches learned from, all ranks together")
     stop = _counter(3, "1 once rank 0 has decided that the iteration just done is the last")
+    collect_done = _counter(4, "1 once the batches gathered cover the budget (--policy_lag 1: one update is left)")
 
     def __init__(self) -> None:
-        self.array = np.zeros(4, dtype=np.int64)
+        self.array = np.zeros(5, dtype=np.int64)
 
-    def budget_spent(self, config: TrainConfig) -> bool:
-        return (self.total_steps >= config.total_steps
-                or (config.num_episodes is not None and self.total_episodes >= config.num_episodes))
+    def budget_spent(self, config: TrainConfig, steps: int = 0, episodes: int = 0) -> bool:
+        """Whether the budget is spent once ``steps`` and ``episodes`` more are learned from."""
+        return (self.total_steps + steps >= config.total_steps
+                or (config.num_episodes is not None and self.total_episodes + episodes >= config.num_episodes))
 
 
 class StopRequest:
@@ -654,29 +669,45 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
             mpi_util.abort(f"train.py: error: --batch_split shared: {error}")
         my_steps = config.batch_size  # the most one rank may draw
     started = time.monotonic()
+    checkpointed = counters.iteration  # the iteration of the newest checkpoint (a resumed run's, or none yet)
     try:
         while not counters.stop:
             t0 = time.monotonic()
             actor = NumpyActor.from_ac_state([as_numpy(v) for v in actor_state], config.hidden, discrete)
-            batch, episodes = worker.collect(my_steps, actor, action_rng, budget.take if budget else None)
-            t1 = time.monotonic()
-            batch = mpi_util.rank0_accum_batches(batch)
-            episodes = mpi_util.rank0_accum_batches(episodes)
-            t2 = time.monotonic()
-            if budget is not None and rank == 0:
-                budget.refill()  # every rank has stopped drawing (it is past the gather); none starts before the bcast
-            stop.announce()
-            stats = learner.update(batch, episodes, counters, stop_requested=stop.signum is not None) if learner else {}
+            stats, episodes = {}, None  # rank 0: this iteration's update and the episodes of the batch it learned
+            if learner and config.policy_lag and learner.pending:
+                # Rank 0 learns from the batch of the last iteration while the other ranks roll out the next one.
+                stats, episodes = learner.update(counters)
+            t1 = t2 = time.monotonic()
+            if not counters.collect_done:
+                batch, new_episodes = worker.collect(my_steps, actor, action_rng, budget.take if budget else None)
+                t2 = time.monotonic()
+                batch = mpi_util.rank0_accum_batches(batch)
+                new_episodes = mpi_util.rank0_accum_batches(new_episodes)
+                if budget is not None and rank == 0:
+                    budget.refill()  # every rank has stopped drawing (past the gather); none starts before the bcast
+                if learner:
+                    behavior_logp = actor.log_prob(batch["obs"], batch["act"]) if config.policy_lag else None
+                    learner.hold(batch, new_episodes, behavior_logp, counters)
             t3 = time.monotonic()
-            mpi_util.rank0_bcast_wts(learner_state)
-            t4 = time.monotonic()
-            sync_ok = check_sync(learner_state, counters) if config.check_sync else math.nan
             if learner:
-                learner.log(counters, episodes, stats, sync_ok, timings=(t0, t1, t2, t3, t4),
-                            wall_s=elapsed_before + t4 - started)
-            if counters.iteration % config.checkpoint_every == 0 or counters.stop:
+                stop.announce()
+                if not config.policy_lag:
+                    stats, episodes = learner.update(counters)
+                counters.stop = counters.stop or stop.signum is not None
+            t4 = time.monotonic()
+            mpi_util.rank0_bcast_wts(learner_state)
+            t5 = time.monotonic()
+            sync_ok = check_sync(learner_state, counters) if config.check_sync else math.nan
+            if episodes is not None:
+                learner.log(counters, episodes, stats, sync_ok, wall_s=elapsed_before + t5 - started, timings={
+                    "t_rollout": t2 - t1, "t_gather": t3 - t2, "t_update": (t1 - t0) + (t4 - t3),
+                    "t_bcast": t5 - t4, "t_iteration": t5 - t0})
+            due = counters.iteration % config.checkpoint_every == 0 and counters.iteration != checkpointed
+            if due or counters.stop:
                 checkpoint(run_dir, learner, counters, worker, action_rng, nprocs,
                            elapsed_s=elapsed_before + time.monotonic() - started)
+                checkpointed = counters.iteration
     except mpi_util.CollectiveStallError as error:
         if stop.signum is None:
             raise
@@ -776,6 +807,7 @@ class Learner:
         else:
             self.algo = TRPO(self.ac, TRPOConfig(max_kl=config.kl_targ or 0.01, vf_lr=config.lr,
                                                  vf_minibatch_size=config.minibatch_size), seed=config.seed)
+        self.pending: tuple | None = None  # (batch, episodes, behavior_logp) gathered, not yet learned from
         self.logger = None
         self._lock: RunDirLock | None = None  # the run directory's lock, held while this process lives
 
@@ -799,16 +831,26 @@ class Learner:
         except OSError as error:
             mpi_util.abort(f"train.py: error: cannot write the run directory {self.run_dir}: {error}")
 
-    def update(self, batch: dict, episodes: dict, counters: Counters, stop_requested: bool) -> dict[str, float]:
-        """One PPO / TRPO update on the gathered batch; advances the counters and decides whether to stop."""
+    def hold(self, batch: dict, episodes: dict, behavior_logp: np.ndarray | None, counters: Counters) -> None:
+        """Keep a gathered batch for the next update: batch and episodes as RolloutWorker.collect returns them, all
+        ranks' rows; behavior_logp (N,) the acting policy's log-probabilities under --policy_lag 1, else None. Sets
+        counters.collect_done when the budget is spent once this batch is learned from."""
+        if len(batch["adv"]) != self.config.batch_size:
+            raise RuntimeError(f"gathered {len(batch['adv'])} steps, expected --batch_size {self.config.batch_size}")
+        self.pending = (batch, episodes, behavior_logp)
+        counters.collect_done = counters.budget_spent(self.config, len(batch["adv"]), len(episodes["ep_return"]))
+
+    def update(self, counters: Counters) -> tuple[dict[str, float], dict]:
+        """One PPO / TRPO update on the batch held; advances the counters and sets counters.stop when the budget is
+        spent. Returns the update's statistics and the episodes of the batch it learned from."""
         config = self.config
-        if len(batch["adv"]) != config.batch_size:
-            raise RuntimeError(f"gathered {len(batch['adv'])} steps, expected --batch_size {config.batch_size}")
+        batch, episodes, behavior_logp = self.pending
+        self.pending = None
         if config.algo == "ppo" and config.lr_schedule == "linear":
             # The fraction of the step budget still ahead, counting this batch: the first update uses lr, the last
             # about lr / iterations (a resume with a smaller budget floors it at 0).
             self.algo.set_learning_rate(config.lr * max(0.0, 1.0 - counters.total_steps / config.total_steps))
-        stats = self.algo.update(batch["obs"], batch["act"], batch["adv"], batch["ret"])
+        stats = self.algo.update(batch["obs"], batch["act"], batch["adv"], batch["ret"], behavior_logp)
         if not all(np.isfinite(as_numpy(v)).all() for v in self.ac.broadcast_state()):
             # Stopped before the broadcast and the next checkpoint, so the last good checkpoint stays the newest.
             mpi_util.abort(f"train.py: error: the update of iteration {counters.iteration + 1} made the weights "
@@ -818,13 +860,13 @@ class Learner:
         counters.iteration += 1
         counters.total_steps += config.batch_size
         counters.total_episodes += len(episodes["ep_return"])
-        counters.stop = counters.budget_spent(config) or stop_requested
-        return stats
+        counters.stop = counters.budget_spent(config)
+        return stats, episodes
 
     def log(self, counters: Counters, episodes: dict, stats: dict[str, float], sync_ok: float,
-            timings: tuple[float, ...], wall_s: float) -> None:
-        """One row of progress.csv and TensorBoard, and the console line."""
-        t0, t1, t2, t3, t4 = timings
+            timings: dict[str, float], wall_s: float) -> None:
+        """One row of progress.csv and TensorBoard, and the console line; timings: seconds of t_rollout, t_gather,
+        t_update, t_bcast and the whole t_iteration."""
         returns = episodes["ep_return"]
         row = {
             "iteration": counters.iteration, "total_steps": counters.total_steps,
@@ -833,9 +875,9 @@ class Learner:
             "ep_return_min": float(returns.min()) if len(returns) else math.nan,
             "ep_return_max": float(returns.max()) if len(returns) else math.nan,
             "ep_length_mean": float(episodes["ep_length"].mean()) if len(returns) else math.nan,
-            "episodes": len(returns), "steps_per_s": self.config.batch_size / (t4 - t0),
+            "episodes": len(returns), "steps_per_s": self.config.batch_size / timings["t_iteration"],
             **{key: float(value) for key, value in stats.items()},
-            "t_rollout": t1 - t0, "t_gather": t2 - t1, "t_update": t3 - t2, "t_bcast": t4 - t3,
+            **{key: timings[key] for key in ("t_rollout", "t_gather", "t_update", "t_bcast")},
             "wall_s": wall_s, "sync_ok": sync_ok,
         }
         try:
@@ -885,6 +927,8 @@ def restore(config: TrainConfig, run_dir: Path, learner: Learner | None, counter
         learner.algo.set_optimizer_state(state["optimizer"])
         learner.algo.set_rng_state(state["learner_rng"])
         counters.array[:3] = state["counters"][:3]
+        if state.get("pending") is not None:  # --policy_lag 1: the batch gathered before the stop, not learned yet
+            learner.hold(*state["pending"], counters)
         elapsed_before = state["elapsed_s"]
         same_layout = state["nprocs"] == nprocs
         per_rank_state = state["ranks"] if same_layout else None
@@ -920,7 +964,7 @@ def checkpoint(run_dir: Path, learner: Learner | None, counters: Counters, worke
             "config": asdict(learner.config), "nprocs": nprocs, "counters": counters.array.copy(),
             "elapsed_s": elapsed_s, "ac_state": [as_numpy(v) for v in learner.ac.broadcast_state()],
             "optimizer": learner.algo.optimizer_state(), "learner_rng": learner.algo.rng_state(),
-            "ranks": ranks_state, "versions": learner.versions,
+            "ranks": ranks_state, "versions": learner.versions, "pending": learner.pending,
         })
     except OSError as error:
         kept = list_checkpoints(run_dir / "checkpoints")

@@ -1,6 +1,6 @@
 """The normalization steps that PPO and TRPO both apply to a gathered batch before learning from it."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tensorflow as tf
@@ -55,3 +55,23 @@ def batch_specs(ac: ActorCritic) -> tuple[tf.TensorSpec, tf.TensorSpec]:
     if ac.is_discrete:
         return obs_spec, tf.TensorSpec([None], tf.int64)
     return obs_spec, tf.TensorSpec([None, ac.act_dim], tf.float32)
+
+
+def weight_for_policy_lag(
+    batch: LearnerBatch, old_logp: tf.Tensor, behavior_logp: np.ndarray | None
+) -> tuple[LearnerBatch, dict[str, float]]:
+    """The batch an update learns from when the policy that sampled it is one update older than the one being
+    updated (train.py --policy_lag 1), and the weights' largest value as a statistic ({} when behavior_logp is None:
+    the batch comes back unchanged).
+
+    Decoupled PPO (Hilton et al., 2021, "Batch size-invariance for policy optimization"): the clip (PPO) and the KL
+    trust region (TRPO) stay around the current policy, whose log-probabilities are old_logp (N,), and each row's
+    normalized advantage is multiplied by pi_current(a | s) / pi_behavior(a | s), from behavior_logp (N,), the
+    log-probabilities of the policy that acted. Both surrogates are linear in the advantage and PPO's min() commutes
+    with a positive factor, so this is their importance-weighted form. The states still come from the older policy.
+    """
+    if behavior_logp is None:
+        return batch, {}
+    weights = np.exp(old_logp.numpy().astype(np.float64) - behavior_logp)
+    weighted = tf.constant(batch.adv.numpy() * weights, dtype=tf.float32)
+    return replace(batch, adv=weighted), {"lag_weight_max": float(weights.max()) if len(weights) else 1.0}

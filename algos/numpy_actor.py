@@ -5,6 +5,8 @@ Numpy only (no TensorFlow), so that rollouts and ``train.py --play`` work withou
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from algos.normalizer import RunningMeanStd
@@ -121,6 +123,18 @@ class NumpyActor:
                 return np.argmax(policy_out, axis=1, out=out)
             return np.argmax(policy_out, axis=1).astype(np.int64, copy=False)
         return np.add(policy_out, noise, out=out)
+
+    def log_prob(self, raw_obs: np.ndarray, act: np.ndarray) -> np.ndarray:
+        """log pi(act | raw_obs) under this snapshot, (N,) float64: raw_obs (N, obs_dim), act (N, act_dim) float32
+        unclipped (Box) or (N,) int64 (Discrete). The formula of ActorCritic.log_prob, in float64."""
+        out = numpy_mlp_forward(self.pi_weights, self._normalize(raw_obs)).astype(np.float64)
+        if self.std is None:
+            shifted = out - out.max(axis=1, keepdims=True)
+            log_softmax = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+            return log_softmax[np.arange(len(act)), act]
+        log_std = self.log_std.astype(np.float64)
+        z = (np.asarray(act, dtype=np.float64) - out) * np.exp(-log_std)
+        return -0.5 * np.square(z).sum(axis=1) - (log_std.sum() + 0.5 * len(log_std) * math.log(2.0 * math.pi))
 
     def value(self, raw_obs: np.ndarray) -> np.ndarray:
         """Values of raw_obs (N, obs_dim), (N,) float32 in RETURN units (de-normalized with ret_rms)."""

@@ -6,7 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from algos.adam import FusedAdam
-from algos.learner_batch import batch_specs, prepare_batch
+from algos.learner_batch import batch_specs, prepare_batch, weight_for_policy_lag
 from algos.policy import ActorCritic
 from mpi_util.stall import heartbeat
 
@@ -58,17 +58,22 @@ class PPO:
         """Adam's learning rate for the next updates (a schedule sets it before each update)."""
         self.optimizer.learning_rate.assign(lr)
 
-    def update(self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray) -> dict[str, float]:
+    def update(
+        self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray,
+        behavior_logp: np.ndarray | None = None,
+    ) -> dict[str, float]:
         """One PPO update on a gathered batch of N rows, then obs_rms merges obs.
 
         obs (N, obs_dim) float32 RAW observations; act (N, act_dim) float32 or (N,) int64; adv (N,) GAE
-        advantages, not yet normalized; ret (N,) value targets in return units.
+        advantages, not yet normalized; ret (N,) value targets in return units; behavior_logp (N,) float64: the
+        log-probabilities of the policy that acted when it is older than the current one (weight_for_policy_lag).
         Returns floats: pi_loss, v_loss, entropy, clip_frac (means over the gradient steps taken), kl (mean
         KL(old || new) over the batch after the update), epochs (run), explained_var (of the workers' values),
         lr (the learning rate of this update).
         """
         batch = prepare_batch(self.ac, obs, act, adv, ret)
         old_params, old_logp = self._old_policy(batch.obs, batch.act)
+        batch, lag_stats = weight_for_policy_lag(batch, old_logp, behavior_logp)
         n = int(batch.obs.shape[0])
         sums = np.zeros(4)
         epochs = 0
@@ -95,6 +100,7 @@ class PPO:
             "epochs": float(epochs),
             "explained_var": batch.explained_var,
             "lr": float(self.optimizer.learning_rate.numpy()),
+            **lag_stats,
         }
 
     def optimizer_state(self) -> list[np.ndarray]:

@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from algos.adam import FusedAdam
-from algos.learner_batch import LearnerBatch, batch_specs, prepare_batch
+from algos.learner_batch import LearnerBatch, batch_specs, prepare_batch, weight_for_policy_lag
 from algos.policy import ActorCritic
 from mpi_util.stall import heartbeat
 
@@ -63,17 +63,22 @@ class TRPO:
         # A whole epoch per call, its minibatch steps unrolled (see PPO).
         self._vf_epoch = tf.function(self._vf_epoch_fn)
 
-    def update(self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray) -> dict[str, float]:
+    def update(
+        self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray,
+        behavior_logp: np.ndarray | None = None,
+    ) -> dict[str, float]:
         """One TRPO update on a gathered batch of N rows, then obs_rms merges obs.
 
         obs (N, obs_dim) float32 RAW observations; act (N, act_dim) float32 or (N,) int64; adv (N,) GAE
-        advantages, not yet normalized; ret (N,) value targets in return units.
+        advantages, not yet normalized; ret (N,) value targets in return units; behavior_logp (N,) float64: the
+        log-probabilities of the policy that acted when it is older than the current one (weight_for_policy_lag).
         Returns floats: pi_loss (-surrogate after the step), v_loss (mean over value steps), entropy and kl
         (mean KL(old || new)) over the batch after the step, backtracks (line search shrinks; backtrack_iters
         when no step was accepted), explained_var (of the workers' values).
         """
         batch = prepare_batch(self.ac, obs, act, adv, ret)
         old_params, old_logp = self._old_policy(batch.obs, batch.act)
+        batch, lag_stats = weight_for_policy_lag(batch, old_logp, behavior_logp)
         backtracks = self._policy_step(batch, old_params, old_logp)
         surrogate, kl, entropy = (
             float(x) for x in self._policy_stats(batch.obs, batch.act, batch.adv, old_logp, old_params)
@@ -88,6 +93,7 @@ class TRPO:
             "kl": kl,
             "backtracks": float(backtracks),
             "explained_var": batch.explained_var,
+            **lag_stats,
         }
 
     def optimizer_state(self) -> list[np.ndarray]:

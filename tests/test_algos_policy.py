@@ -151,6 +151,20 @@ def test_numpy_actor_from_checkpoint_state_equals_snapshot(space):
         NumpyActor.from_ac_state(ac_state, hidden=(16, 16, 16), discrete=space is DISCRETE)
 
 
+@pytest.mark.parametrize("space", [BOX, DISCRETE], ids=["box", "discrete"])
+def test_numpy_actor_log_prob_equals_the_learners(space):
+    # --policy_lag 1 weights each row by pi_current / pi_behavior, the behavior's log-probabilities from the numpy
+    # actor that acted: on the same weights the two must agree, so that the weight is 1 up to round-off.
+    ac = actor_critic(space)
+    actor = ac.numpy_actor()
+    raw = np.random.default_rng(6).normal(2.0, 3.0, size=(50, 5)).astype(np.float32)
+    act = actor.act(raw, np.random.default_rng(7))
+    from_tf = ac.log_prob(tf.constant(ac.obs_rms.normalize(raw)), tf.constant(act)).numpy()
+    from_numpy = actor.log_prob(raw, act)
+    assert from_numpy.shape == (50,) and from_numpy.dtype == np.float64
+    np.testing.assert_allclose(from_numpy, from_tf, rtol=1e-5, atol=1e-5)
+
+
 def test_log_prob_entropy_kl_box():
     ac = actor_critic(BOX)
     obs = tf.constant(np.random.default_rng(4).normal(size=(10, 5)).astype(np.float32))

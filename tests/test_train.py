@@ -214,7 +214,7 @@ def test_help_explains_every_option():
     assert result.returncode == 0
     for option in ("--algo", "--nprocs", "--gpu_pct", "--total_steps", "--num_episodes", "--batch_size", "--gamma",
                    "--lam", "--kl_targ", "--hidden", "--seed", "--logdir", "--resume", "--play", "--video",
-                   "--check_sync", "--checkpoint_every", "--hostfile", "--mpiexec_args"):
+                   "--check_sync", "--checkpoint_every", "--hostfile", "--mpiexec_args", "--policy_lag"):
         assert option in result.stdout
     assert "(default: 2048)" in result.stdout and "(default: ppo)" in result.stdout
 
