@@ -17,6 +17,7 @@ mean return against steps goes to curves.csv and the plot.
 
     .venv/bin/python benchmarks/sb3_mpi.py                                   # Hopper-v5, 150k steps, 2 and 8
     .venv/bin/python benchmarks/sb3_mpi.py --env Walker2d-v5 --total_steps 300000 --repeats 2
+    .venv/bin/python benchmarks/sb3_mpi.py --device cuda --out benchmarks/results/sb3_mpi_gpu   # on a GPU
 
 Writes runs.csv, curves.csv, results.md and sb3_mpi.png to benchmarks/results/sb3_mpi/ (``--out``); prints the table.
 """
@@ -40,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 BATCH_STEPS = 2048  # rows per PPO update, over all envs and ranks
 
 
-def run_one(kind: str, n: int, env_id: str, total_steps: int, seed: int, result_path: Path) -> None:
+def run_one(kind: str, n: int, env_id: str, total_steps: int, seed: int, result_path: Path, device: str) -> None:
     """Train one configuration in this process (for ``mpi``: relaunched as n ranks); rank 0 writes result_path."""
     import mpi_util
     import mpi_util.sb3  # before stable_baselines3: keeps TensorFlow out of the process
@@ -61,7 +62,7 @@ def run_one(kind: str, n: int, env_id: str, total_steps: int, seed: int, result_
     env = VecNormalize(make_vec_env(env_id, n_envs=n_envs, seed=seed, vec_env_cls=vec_env_cls))
     n_steps = BATCH_STEPS // n  # the update sees BATCH_STEPS rows over all envs and ranks (plain: n is 1)
     model = PPO("MlpPolicy", env, n_steps=n_steps, batch_size=64, n_epochs=10, learning_rate=3e-4, gamma=0.99,
-                gae_lambda=0.95, clip_range=0.2, seed=seed, device="cpu", verbose=0)
+                gae_lambda=0.95, clip_range=0.2, seed=seed, device=device, verbose=0)
     if kind == "mpi":
         model = mpi_util.sb3.parallelize(model)
 
@@ -111,6 +112,9 @@ def main() -> int:
                         help="process / env counts for the subproc and mpi runs (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of every configuration (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every run (default: %(default)s)")
+    parser.add_argument("--device", default="cpu",
+                        help="torch device of every process's policy, e.g. cuda: every rank on the GPU "
+                             "(default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "sb3_mpi",
                         help="results directory (default: %(default)s)")
@@ -118,7 +122,7 @@ def main() -> int:
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
-        run_one(args.run[0], int(args.run[1]), args.env, args.total_steps, args.seed, args.result)
+        run_one(args.run[0], int(args.run[1]), args.env, args.total_steps, args.seed, args.result, args.device)
         return 0
     if BATCH_STEPS % max(args.nprocs) or min(args.nprocs) < 1:
         parser.error(f"--nprocs: each count must divide {BATCH_STEPS} (the rows per update)")
@@ -133,8 +137,8 @@ def main() -> int:
             for kind, n in (configs if repeat % 2 else configs[::-1]):
                 result_path = Path(scratch) / f"{kind}{n}_{repeat}.json"
                 command = [sys.executable, __file__, "--run", kind, str(n), "--env", args.env,
-                           "--total_steps", str(args.total_steps), "--seed", str(args.seed), "--result",
-                           str(result_path)]
+                           "--total_steps", str(args.total_steps), "--seed", str(args.seed), "--device", args.device,
+                           "--result", str(result_path)]
                 load = load_average()
                 t0 = time.perf_counter()
                 proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=args.timeout,
@@ -174,7 +178,7 @@ def main() -> int:
         *machine_lines(pretty_command(), wall_s, ", ".join(f"{r['system']}: {r['load_before']:.2f}" for r in runs)),
         f"- budget: {args.total_steps} steps per run (rounded up to whole updates of {BATCH_STEPS} rows), seed "
         f"{args.seed}; stable_baselines3 {version('stable_baselines3')}, torch {version('torch')}, 1 torch thread "
-        "per process",
+        f"per process, policies on {args.device}",
         "",
         "Median over repeats (vs plain = steps/s over plain SB3's in the same repeat):",
         "",

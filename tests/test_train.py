@@ -319,3 +319,16 @@ def test_lr_sets_trpo_value_function_learning_rate_and_config_records_it(tmp_pat
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("[")]
     assert lines == [[1e-3, pytest.approx(1e-3)], [0.02, pytest.approx(0.02)], [3e-4, pytest.approx(3e-4)]]
+
+
+def test_every_train_option_the_docs_mention_is_in_help():
+    # docs/training.md is train.py's manual: each `--option` it names, and each option of a train.py command in the
+    # README or docs, must be one that --help lists (a renamed or removed option fails here, not on a user).
+    help_text = run_bounded([sys.executable, TRAIN, "--help"], timeout=60).stdout
+    listed = set(re.findall(r"(--[a-z_]+)", help_text))
+    mentioned = set(re.findall(r"`(--[a-z_]+)", (REPO / "docs" / "training.md").read_text()))
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for command in re.findall(r"train\.py[^`|\n]*", doc.read_text()):
+            mentioned |= set(re.findall(r"\s(--[a-z_]+)", command))
+    assert len(mentioned) > 20
+    assert sorted(mentioned - listed) == []
