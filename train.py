@@ -25,7 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-import mpi_util
+try:
+    import mpi_util
+except ImportError as error:  # no MPI library: say so in one line, not a traceback
+    print(f"train.py: error: {error}", file=sys.stderr)
+    sys.exit(2)
 from algos.run_dir import RunDirInUseError, RunDirLock, create_run_dir, lock_run_dir, run_dir_name
 from algos.versions import stack_versions, version_changes
 from mpi_util.supervise import check_process_room

@@ -19,6 +19,12 @@ gather, bcast, reduce, running_stats (normalizer statistics merged over ranks), 
 (the CPUs this process was given); shm and wakeup are the shared-memory and futex primitives.
 """
 
+try:
+    from mpi4py import MPI  # noqa: F401  (loads the MPI library now, so that its absence is one line, here)
+except RuntimeError as error:  # mpi4py's binary wheel found no libmpi
+    raise ImportError(f"mpi_util: mpi4py found no MPI library ({str(error).splitlines()[0]}): install pip's MPICH with "
+                      "pip install mpich (this project's 'mpich' extra), or load your cluster's MPI module") from None
+
 from .bcast import WeightMismatchError, bcast_object, rank0_bcast_tree, rank0_bcast_wts, ranks_out_of_sync
 from .budget import SharedBudget
 from .cpus import cpus_available

