@@ -34,13 +34,14 @@ def build(algo: str, n_envs: int, seed: int):
 
 
 def state(model) -> dict[str, np.ndarray]:
-    """The policy's parameters and buffers and the VecNormalize statistics, as numpy arrays."""
+    """The policy's parameters and buffers and any VecNormalize statistics, as numpy arrays."""
     arrays = {f"policy/{k}": v.detach().numpy().copy() for k, v in model.policy.state_dict().items()}
     vec_normalize = model.get_vec_normalize_env()
-    for name in ("obs_rms", "ret_rms"):
-        rms = getattr(vec_normalize, name)
-        arrays[f"{name}/mean"], arrays[f"{name}/var"] = rms.mean.copy(), rms.var.copy()
-        arrays[f"{name}/count"] = np.array(rms.count)
+    if vec_normalize is not None:
+        for name in ("obs_rms", "ret_rms"):
+            rms = getattr(vec_normalize, name)
+            arrays[f"{name}/mean"], arrays[f"{name}/var"] = rms.mean.copy(), rms.var.copy()
+            arrays[f"{name}/count"] = np.array(rms.count)
     return arrays
 
 

@@ -20,6 +20,7 @@ from mpi_util.sb3 import parallelize
 # isort: split
 import gymnasium as gym
 import numpy as np
+from sb3_cases import state  # the same comparison as for SB3's own algorithms
 from sb3_contrib import TRPO, MaskablePPO, RecurrentPPO
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 from stable_baselines3.common.buffers import RolloutBuffer
@@ -68,18 +69,6 @@ def build(algo: str, n_envs: int, seed: int, task: str):
     return RecurrentPPO("MlpLstmPolicy", env, n_steps=128 if task == "learn" else 32, batch_size=128, n_epochs=4,
                         learning_rate=3e-3, seed=seed, device="cpu",
                         policy_kwargs={"lstm_hidden_size": 16, "net_arch": [16]})
-
-
-def state(model) -> dict[str, np.ndarray]:
-    """The policy's parameters and buffers and any VecNormalize statistics, as numpy arrays."""
-    arrays = {f"policy/{k}": v.detach().numpy().copy() for k, v in model.policy.state_dict().items()}
-    vec_normalize = model.get_vec_normalize_env()
-    if vec_normalize is not None:
-        for name in ("obs_rms", "ret_rms"):
-            rms = getattr(vec_normalize, name)
-            arrays[f"{name}/mean"], arrays[f"{name}/var"] = rms.mean.copy(), rms.var.copy()
-            arrays[f"{name}/count"] = np.array(rms.count)
-    return arrays
 
 
 def one_process(out: Path) -> None:
