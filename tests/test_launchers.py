@@ -29,7 +29,7 @@ def only_run_dir(logdir: Path) -> Path:
     return runs[0]
 
 
-def test_train_started_by_mpirun_writes_one_run_directory_and_no_bar_into_a_file(tmp_path):
+def test_train_started_by_mpirun_writes_one_run_directory_no_bar_and_what_nprocs_gives(tmp_path):
     # mpirun is the name both MPICH and Open MPI install beside mpiexec. Output to a file: under Open MPI a rank's
     # stdout is a pseudo-terminal all the same, and the progress bar must not be drawn into the file.
     command, env = launcher("-np", "2", sys.executable, "-u", TRAIN, "CartPole-v1", "--total_steps", "2048",
@@ -44,7 +44,18 @@ def test_train_started_by_mpirun_writes_one_run_directory_and_no_bar_into_a_file
     assert "\r" not in text and "step/s" not in text, text  # tqdm's bar: carriage returns and a rate
     run_dir = only_run_dir(tmp_path / "runs")
     with open(run_dir / "progress.csv") as f:
-        assert [int(row["total_steps"]) for row in csv.DictReader(f)] == [1024, 2048]
+        started_by_mpirun = list(csv.DictReader(f))
+    assert [int(row["total_steps"]) for row in started_by_mpirun] == [1024, 2048]
+    # train.py --nprocs 2 starts the ranks itself (mpi_fork): the same numbers, to the last digit. Both fix BLAS's
+    # threads and kernels before numpy loads (algos/kernels.py); set after, they once moved the 8th digit.
+    forked = run_bounded([sys.executable, TRAIN, "CartPole-v1", "--nprocs", "2", "--total_steps", "2048",
+                          "--batch_size", "1024", "--logdir", str(tmp_path / "forked")], timeout=240)
+    assert forked.returncode == 0, forked.stderr[-3000:]
+    with open(only_run_dir(tmp_path / "forked") / "progress.csv") as f:
+        started_by_fork = list(csv.DictReader(f))
+    learned = ["total_episodes", "ep_return_mean", "pi_loss", "v_loss", "entropy", "kl", "explained_var"]
+    assert [[row[c] for c in learned] for row in started_by_fork] == [[row[c] for c in learned]
+                                                                     for row in started_by_mpirun]
 
 
 def test_train_nprocs_with_hostfile_and_mpiexec_args(tmp_path):
