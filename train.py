@@ -23,16 +23,20 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-import numpy as np
+from algos.kernels import pin_numeric_kernels
+
+pin_numeric_kernels()  # before numpy loads OpenBLAS: the same kernels and threads on every machine and rank
+
+import numpy as np  # noqa: E402
 
 try:
     import mpi_util
 except ImportError as error:  # no MPI library: say so in one line, not a traceback
     print(f"train.py: error: {error}", file=sys.stderr)
     sys.exit(2)
-from algos.run_dir import RunDirInUseError, RunDirLock, create_run_dir, lock_run_dir, run_dir_name
-from algos.versions import stack_versions, version_changes
-from mpi_util.supervise import check_process_room
+from algos.run_dir import RunDirInUseError, RunDirLock, create_run_dir, lock_run_dir, run_dir_name  # noqa: E402
+from algos.versions import stack_versions, version_changes  # noqa: E402
+from mpi_util.supervise import check_process_room  # noqa: E402
 
 _RUN_DIR_VARIABLE = "MPI_BATCH_RL_RUN_DIR"  # the new run's directory for rank 0 (set by mpi_fork's parent)
 _TTY_VARIABLE = "MPI_BATCH_RL_TTY"  # ranks' stdout is a pipe to mpiexec; the parent says if the user has a terminal
@@ -494,7 +498,6 @@ def main() -> int:
 
     os.environ[_RUN_DIR_VARIABLE] = str(run_dir)
     os.environ[_TTY_VARIABLE] = "1" if mpi_util.stdout_is_terminal() else "0"
-    set_thread_defaults()
     try:
         fork = mpi_util.mpi_fork(config.nprocs, config.gpu_pct, on_failure=restart_from_newest_checkpoint(run_dir),
                                  **launch)
@@ -540,21 +543,12 @@ def main_in_rank(args: argparse.Namespace) -> int:
         return 2
     config, run_dir, resuming = setup
     os.environ.setdefault(_TTY_VARIABLE, "1" if mpi_util.stdout_is_terminal() else "0")
-    set_thread_defaults()
     return train(config, run_dir, resuming)
 
 
 def missing_modules_message(missing: list[str]) -> str:
     return (f"{', '.join(missing)} not installed; train.py needs the rl extra: pip install -e '.[rl]' in this "
             "checkout (mpi_util alone needs only mpi4py, mpich and numpy)")
-
-
-def set_thread_defaults() -> None:
-    """BLAS and OpenMP at one thread unless set, before any library reads them. mpi_fork gives the workers one thread
-    each and leaves rank 0 this environment's; rank 0's learner is TensorFlow, whose pools Learner sizes itself, and
-    more BLAS threads would change the update's rounding, so the results would move with the cores."""
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ.setdefault(name, "1")
 
 
 def _counter(index: int, doc: str) -> property:

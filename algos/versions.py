@@ -6,6 +6,7 @@ costs no start-up time and loads no framework (torch is listed only when the pro
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from importlib import metadata
@@ -18,7 +19,7 @@ _DISTRIBUTIONS = ("numpy", "tensorflow", "keras", "gymnasium", "mujoco", "mpi4py
 _CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
 
 
-def _cpu() -> tuple[str, str]:
+def cpu_model_and_flags() -> tuple[str, str]:
     """(model name, the _CPU_FLAGS it has, space-separated), from /proc/cpuinfo; ('unknown', '') elsewhere."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
@@ -32,7 +33,7 @@ def _cpu() -> tuple[str, str]:
 
 def stack_versions() -> dict[str, str]:
     """{name: version} of Python, the distributions above that are installed, torch when loaded, the MPI library
-    mpi4py loaded (its first line), the CPU model and its numeric-kernel flags."""
+    mpi4py loaded (its first line), the CPU model and its numeric-kernel flags, and OpenBLAS's kernel family."""
     versions = {"python": platform.python_version()}
     names = [*_DISTRIBUTIONS, *(["torch"] if "torch" in sys.modules else [])]
     for name in names:
@@ -42,7 +43,9 @@ def stack_versions() -> dict[str, str]:
             continue
     if "mpi4py.MPI" in sys.modules:
         versions["mpi_library"] = " ".join(sys.modules["mpi4py.MPI"].Get_library_version().splitlines()[0].split())
-    versions["cpu_model"], versions["cpu_flags"] = _cpu()
+    versions["cpu_model"], versions["cpu_flags"] = cpu_model_and_flags()
+    # OpenBLAS's kernel family (algos/kernels.py pins it for train.py): another one rounds differently.
+    versions["openblas_coretype"] = os.environ.get("OPENBLAS_CORETYPE", "(its own choice)")
     return versions
 
 
