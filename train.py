@@ -10,17 +10,15 @@ broadcasts the new weights.
 from __future__ import annotations
 
 import argparse
-import difflib
+import functools
 import json
 import math
 import os
 import platform
-import re
 import signal
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from algos.kernels import pin_numeric_kernels
@@ -34,81 +32,14 @@ try:
 except ImportError as error:  # no MPI library: say so in one line, not a traceback
     print(f"train.py: error: {error}", file=sys.stderr)
     sys.exit(2)
-from algos.run_dir import RunDirInUseError, RunDirLock, create_run_dir, lock_run_dir, run_dir_name  # noqa: E402
-from algos.versions import stack_versions, version_changes  # noqa: E402
+from algos.config import TrainConfig, build_config, check_config  # noqa: E402
+from algos.registry import ALGORITHMS, Algorithm  # noqa: E402
+from algos.resume import as_numpy, checkpoint, restart_from_newest_checkpoint, restore  # noqa: E402
+from algos.run_dir import RUN_DIR_VARIABLE, RunDirInUseError, RunDirLock, lock_run_dir, prepare_run_dir  # noqa: E402
+from algos.versions import stack_versions  # noqa: E402
 from mpi_util.supervise import check_process_room  # noqa: E402
 
-_RUN_DIR_VARIABLE = "MPI_BATCH_RL_RUN_DIR"  # the new run's directory for rank 0 (set by mpi_fork's parent)
 _TTY_VARIABLE = "MPI_BATCH_RL_TTY"  # ranks' stdout is a pipe to mpiexec; the parent says if the user has a terminal
-
-
-@dataclass
-class TrainConfig:
-    """Everything that defines a run; saved as RUN_DIR/config.json."""
-
-    env_id: str
-    """Resolved gymnasium id, e.g. Walker2d-v5."""
-    algo: str = "ppo"
-    """trpo or ppo."""
-    nprocs: int = 1
-    """MPI processes; each rolls out batch_size / nprocs steps per iteration."""
-    gpu_pct: float = 0.0
-    """Fraction of a GPU's memory rank 0 (the only process that runs TensorFlow) may take (0: grow as needed)."""
-    total_steps: int = 1_000_000
-    """Stop after this many environment steps (all ranks together)."""
-    num_episodes: int | None = None
-    """Also stop after this many finished episodes (None: no episode limit)."""
-    batch_size: int = 2048
-    """Environment steps per iteration, all ranks together."""
-    envs_per_rank: int = 1
-    """Environments each rank steps in lockstep, acting on all of them with one batched forward pass."""
-    batch_split: str = "even"
-    """How ranks share the batch: "even" (batch_size / nprocs steps each; same seed, same results) or "shared"
-    (ranks draw steps from one budget until the batch is full, so a rank the machine slows down does fewer; faster
-    on busy or oversubscribed machines, not reproducible bit for bit; every rank on one host)."""
-    policy_lag: int = 0
-    """0: every rank waits for rank 0's update before it rolls out again. 1: the ranks roll out the next batch with
-    the weights they have while rank 0 learns from the last one, each batch learned from one update late and
-    importance-weighted for it (decoupled PPO); faster where the update would leave the others waiting, with the
-    shared batch split (its default then)."""
-    gamma: float = 0.99
-    """Discount factor."""
-    lam: float = 0.95
-    """GAE lambda."""
-    kl_targ: float | None = None
-    """TRPO: the KL trust region (default 0.01); PPO: early-stop epochs beyond 1.5x this KL (default 0.02)."""
-    hidden: tuple[int, ...] = (64, 64)
-    """Hidden layer sizes of the policy and value MLPs."""
-    lr: float | None = None
-    """PPO: Adam learning rate (3e-4 when not given). TRPO: the value function's Adam learning rate (1e-3 when not
-    given). config.json records the value used."""
-    lr_schedule: str = "linear"
-    """PPO: "linear" decays lr to 0 over total_steps (OpenAI baselines' MuJoCo setting); "constant" keeps it."""
-    epochs: int = 10
-    """PPO: passes over each batch."""
-    minibatch_size: int = 64
-    """PPO: rows per gradient step; TRPO: rows per value-function step."""
-    seed: int = 0
-    """Base seed; rank r uses SeedSequence(seed, spawn_key=(r,))."""
-    checkpoint_every: int = 10
-    """Write a checkpoint every this many iterations (and at the end)."""
-    check_sync: bool = False
-    """Verify after every broadcast that all ranks hold bit-identical learner state."""
-    stall_timeout: float | str = "auto"
-    """Abort the job when a rank waits this long for the others in a collective: "auto" (the first two calls of each
-    collective may wait 10 minutes, later ones 10x the slowest wait seen so far, at least 60 s), a number of seconds,
-    or 0 (never)."""
-    stop_grace: float = 30.0
-    """After a stop request (Ctrl-C, SIGTERM), seconds the ranks wait for each other before the job ends without a
-    final checkpoint: a scheduler that preempts a job usually allows 30 s or more before it kills it."""
-    config_version: int = 2
-    """Layout of config.json: 1 before lr applied to TRPO (whose value function then always learned at 1e-3)."""
-
-
-_DEFAULT_LR = {"ppo": 3e-4, "trpo": 1e-3}
-# What a resumed run may change; every other setting defines the run and comes from its config.json.
-_RESUMABLE = ("nprocs", "gpu_pct", "total_steps", "num_episodes", "checkpoint_every", "check_sync", "batch_split",
-              "stall_timeout", "stop_grace")
 
 
 def _default(name: str) -> str:
@@ -126,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("env_name", nargs="?", help="gymnasium env id; without a version the newest one "
                         "(Walker2d -> Walker2d-v5). Box observations, Box or Discrete actions.")
-    parser.add_argument("--algo", choices=["trpo", "ppo"],
+    parser.add_argument("--algo", choices=list(ALGORITHMS),
                         help=f"learning algorithm (default: {_default('algo')})")
     parser.add_argument("--nprocs", type=str,
                         help="number of MPI processes; more than the cores is fine; under mpiexec, mpirun or srun "
@@ -215,100 +146,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def resolve_env_id(name: str) -> str:
-    """Registered gymnasium id for ``name``: exact ids as they are, bare names to their newest version.
-
-    "package.module:EnvId" imports the module (which registers the env) and keeps the prefix, so that
-    gymnasium.make imports it again in every process, on --resume and on --play.
-    """
-    import importlib
-
-    import gymnasium
-
-    module, _, env_name = name.rpartition(":")
-    if module:
-        try:
-            importlib.import_module(module)
-        except ImportError as error:
-            raise ValueError(f"cannot import '{module}' to register environment '{env_name}': {error}") from None
-    registry = gymnasium.envs.registry
-    prefix = f"{module}:" if module else ""
-    if env_name in registry:
-        return prefix + env_name
-    versions = [(int(m.group(1)), env_id) for env_id in registry
-                if (m := re.fullmatch(re.escape(env_name) + r"-v(\d+)", env_id))]
-    if versions:
-        return prefix + max(versions)[1]
-    close = difflib.get_close_matches(env_name, list(registry), n=3, cutoff=0.5)
-    hint = f"; closest registered: {', '.join(close)}" if close else ""
-    raise ValueError(f"unknown environment '{env_name}'{hint}")
-
-
-def check_env_spaces(env_id: str) -> None:
-    import gymnasium
-
-    env = gymnasium.make(env_id)
-    try:
-        obs_space, act_space = env.observation_space, env.action_space
-    finally:
-        env.close()
-    if not (isinstance(obs_space, gymnasium.spaces.Box) and len(obs_space.shape) == 1):
-        raise ValueError(f"{env_id} has observation space {obs_space}; only flat Box observations are supported")
-    if not (isinstance(act_space, gymnasium.spaces.Discrete)
-            or (isinstance(act_space, gymnasium.spaces.Box) and len(act_space.shape) == 1)):
-        raise ValueError(f"{env_id} has action space {act_space}; only Discrete or flat Box actions are supported")
-
-
-def load_saved_config(run_dir: Path) -> dict:
-    """RUN_DIR/config.json as TrainConfig's keyword arguments, with the values older runs implied for fields
-    they lack; ValueError with a one-line reason when it is not a run's configuration."""
-    path = run_dir / "config.json"
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"--resume {run_dir}: cannot read {path}: {error}") from None
-    missing = [name for name in ("env_id", "algo", "hidden") if not isinstance(saved, dict) or name not in saved]
-    if missing:
-        raise ValueError(f"--resume {run_dir}: {path} is not a train.py run's configuration (no "
-                         f"{', '.join(missing)}); pass the directory of a run that train.py started")
-    # config.json also records the job (CPUs, threads): only TrainConfig's fields define the run.
-    saved = {name: value for name, value in saved.items() if name in {f.name for f in fields(TrainConfig)}}
-    saved["hidden"] = tuple(saved["hidden"])
-    saved.setdefault("lr_schedule", "constant")  # runs from before the schedule existed had a constant lr
-    saved.setdefault("envs_per_rank", 1)
-    saved.setdefault("batch_split", "even")
-    saved.setdefault("policy_lag", 0)
-    if saved.get("config_version", 1) < 2:
-        if saved["algo"] == "trpo":
-            saved["lr"] = 1e-3  # what TRPO's value function used, whatever lr said
-        saved["config_version"] = 2
-    return saved
-
-
-def explicit_settings(args: argparse.Namespace) -> dict:
-    """The TrainConfig fields the user set on the command line, parsed; ValueError with a one-line reason if bad."""
-    names = {f.name for f in fields(TrainConfig)}
-    given = {name: value for name, value in vars(args).items() if name in names and value is not None}
-    if "nprocs" in given:
-        if not re.fullmatch(r"\d+", given["nprocs"]) or int(given["nprocs"]) < 1:
-            raise ValueError(f"--nprocs must be an integer >= 1, got '{given['nprocs']}'")
-        given["nprocs"] = int(given["nprocs"])
-    if "hidden" in given:
-        try:
-            given["hidden"] = tuple(int(h) for h in given["hidden"].split(","))
-        except ValueError:
-            raise ValueError(f"--hidden must be comma-separated layer sizes like 64,64, got '{args.hidden}'") from None
-        if min(given["hidden"]) < 1:
-            raise ValueError(f"--hidden sizes must be positive, got '{args.hidden}'")
-    if "stall_timeout" in given and given["stall_timeout"] != "auto":
-        try:
-            given["stall_timeout"] = float(given["stall_timeout"])
-        except ValueError:
-            raise ValueError(f"--stall_timeout must be 'auto' or a number of seconds, got '{args.stall_timeout}'") \
-                from None
-    return given
-
-
 def launch_settings(args: argparse.Namespace, nprocs: int) -> dict:
     """mpi_fork's hostfile and mpiexec_args from --hostfile and --mpiexec_args; ValueError with a one-line reason."""
     import shlex
@@ -329,132 +166,6 @@ def launch_settings(args: argparse.Namespace, nprocs: int) -> dict:
         raise ValueError(f"--max_restarts must be at least 0, got {args.max_restarts}")
     settings["max_restarts"] = args.max_restarts
     return settings
-
-
-def restart_from_newest_checkpoint(run_dir: Path) -> Callable[[mpi_util.JobFailure], list[str]]:
-    """mpi_fork's on_failure for --max_restarts: this command again, resuming RUN_DIR from its newest checkpoint
-    (or from the start when it has none yet; the run directory stays the same), said in one line."""
-    def restart(failure: mpi_util.JobFailure) -> list[str]:
-        from algos.checkpoint import list_checkpoints
-
-        kept = list_checkpoints(run_dir / "checkpoints")
-        print(f"train.py: {failure.cause}; restarting "
-              + (f"from checkpoint {kept[-1].stem}" if kept else "from the start (no checkpoint yet)")
-              + f" (restart {failure.restart} of {failure.max_restarts})", file=sys.stderr, flush=True)
-        return [*sys.argv[1:], "--resume", str(run_dir)] if kept else sys.argv[1:]
-
-    return restart
-
-
-def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
-    """The run's config, its directory, and whether it resumes; ValueError with a one-line reason if bad."""
-    from algos.checkpoint import CheckpointError, load_latest_checkpoint
-
-    given = explicit_settings(args)
-    if args.resume:
-        run_dir = Path(args.resume)
-        if not (run_dir / "config.json").is_file():
-            raise ValueError(f"--resume {run_dir}: not a run directory (no config.json)")
-        saved = load_saved_config(run_dir)
-        if args.env_name and resolve_env_id(args.env_name) != saved["env_id"]:
-            raise ValueError(f"--resume {run_dir} is a {saved['env_id']} run, not {resolve_env_id(args.env_name)}")
-        if given.get("algo", saved["algo"]) != saved["algo"]:
-            raise ValueError(f"--resume {run_dir} is a {saved['algo']} run, not {given['algo']}")
-        for name, value in given.items():
-            if name not in _RESUMABLE and value != saved[name]:
-                raise ValueError(f"--resume {run_dir}: --{name} is {saved[name]} in this run and cannot be changed "
-                                 f"when resuming (drop --{name}, or start a new run)")
-        try:  # the same read restore() does, so that a run with nothing to continue from is one line now
-            load_latest_checkpoint(run_dir / "checkpoints")
-        except CheckpointError as error:
-            raise ValueError(f"--resume {run_dir}: {error}; there is nothing to continue from: start a new run") \
-                from None
-        # The resumed run keeps its settings, its number of processes included (the same count continues exactly);
-        # what may change is the budget and how the job runs.
-        config = TrainConfig(**{**saved, **given})
-    else:
-        if not args.env_name:
-            raise ValueError("name an environment, e.g. `python train.py Walker2d`, or pass --resume/--play RUN_DIR")
-        config = TrainConfig(env_id=resolve_env_id(args.env_name), **given)
-        config.lr = config.lr if config.lr is not None else _DEFAULT_LR[config.algo]
-        if config.policy_lag and "batch_split" not in given:
-            config.batch_split = "shared"  # with even shares rank 0 rolls out its own after the update: no gain
-        # Only a name: rank 0 creates it (create_run_dir), which is what makes it unique.
-        run_dir = Path(os.environ.get(_RUN_DIR_VARIABLE)
-                       or Path(args.logdir) / run_dir_name(config.env_id, config.algo, config.seed))
-    check_config(config)
-    return config, run_dir, bool(args.resume)
-
-
-def prepare_run_dir(run_dir: Path, logdir: str, new: bool) -> Path:
-    """Create RUN_DIR (``new``: as a new run's directory, which create_run_dir makes unique) and write, then remove, a
-    file at the longest path the run will write (its TensorBoard file), so that a directory the run cannot use fails
-    now, in one line, not after start-up. What this call made is removed again on failure: a stub left behind would
-    pass for a run. Returns the directory created."""
-    import errno
-    import shutil
-
-    existing = next((p for p in [run_dir, *run_dir.parents] if p.exists()), None)
-    longest = run_dir / "tb" / f"events.out.tfevents.{int(time.time())}.{platform.node()}.{'0' * 10}"
-    try:
-        if new:
-            run_dir = create_run_dir(run_dir)
-            longest = run_dir / "tb" / longest.name
-        new_tb = not longest.parent.exists()
-        longest.parent.mkdir(parents=True, exist_ok=True)
-        longest.write_text("ok")
-        longest.unlink()
-        if new_tb:
-            longest.parent.rmdir()
-    except OSError as error:
-        if existing is not None and existing != run_dir:  # from the first directory this call made, down
-            shutil.rmtree(next(p for p in [run_dir, *run_dir.parents] if p.parent == existing), ignore_errors=True)
-        if error.errno == errno.ENAMETOOLONG:
-            raise ValueError(f"--logdir {logdir}: the run's files would have paths too long for this system "
-                             f"({len(str(longest.resolve()))} characters, such as {longest.name}); "
-                             "choose a shorter --logdir") from None
-        raise
-    return run_dir
-
-
-def check_config(config: TrainConfig) -> None:
-    """ValueError with a one-line reason for a setting train.py cannot run with."""
-    for name in ("gpu_pct", "gamma", "lam", "kl_targ", "lr", "stall_timeout", "stop_grace"):
-        value = getattr(config, name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"--{name} must be a finite number, got {value}")
-    if config.seed < 0:
-        raise ValueError(f"--seed must be a non-negative integer, got {config.seed}")
-    for name in ("total_steps", "batch_size", "envs_per_rank", "epochs", "minibatch_size", "checkpoint_every"):
-        if getattr(config, name) < 1:
-            raise ValueError(f"--{name} must be at least 1, got {getattr(config, name)}")
-    if config.num_episodes is not None and config.num_episodes < 1:
-        raise ValueError(f"--num_episodes must be at least 1, got {config.num_episodes}")
-    if config.batch_size < config.nprocs:
-        raise ValueError(f"--batch_size {config.batch_size} is smaller than --nprocs {config.nprocs}; "
-                         "every process needs at least one step per iteration")
-    if config.batch_size < config.nprocs * config.envs_per_rank:
-        raise ValueError(f"--batch_size {config.batch_size} is smaller than --nprocs x --envs_per_rank "
-                         f"({config.nprocs} x {config.envs_per_rank}); every env needs at least one step per iteration")
-    for name in ("gamma", "lam"):
-        if not 0.0 < getattr(config, name) <= 1.0:
-            raise ValueError(f"--{name} must be in (0, 1], got {getattr(config, name)}")
-    if config.kl_targ is not None and not config.kl_targ > 0:
-        raise ValueError(f"--kl_targ must be > 0, got {config.kl_targ}")
-    if config.stall_timeout != "auto" and not config.stall_timeout >= 0:
-        raise ValueError(f"--stall_timeout must be 'auto' or >= 0 seconds (0: never), got {config.stall_timeout}")
-    if not config.stop_grace > 0:
-        raise ValueError(f"--stop_grace must be > 0 seconds, got {config.stop_grace}")
-    if not 0.0 <= config.gpu_pct <= 1.0:
-        raise ValueError(f"--gpu_pct must be in [0, 1] (fraction of GPU memory per process), got {config.gpu_pct}")
-    if not config.lr > 0:
-        raise ValueError(f"--lr must be > 0, got {config.lr}")
-    check_env_spaces(config.env_id)
-
-
-def as_numpy(value: object) -> np.ndarray:
-    """A numpy copy of a tf.Variable or numpy array."""
-    return value.numpy() if hasattr(value, "numpy") else np.array(value, copy=True)
 
 
 def steps_of_rank(batch_size: int, nprocs: int, rank: int) -> int:
@@ -490,13 +201,13 @@ def main() -> int:
         launch = launch_settings(args, config.nprocs)
         if config.nprocs > 1 and "hostfile" not in launch:
             check_process_room(config.nprocs)  # before the run directory exists: a refused job leaves nothing
-        run_dir = prepare_run_dir(run_dir, args.logdir, new=not resuming and _RUN_DIR_VARIABLE not in os.environ)
+        run_dir = prepare_run_dir(run_dir, args.logdir, new=not resuming and RUN_DIR_VARIABLE not in os.environ)
         lock_run_dir(run_dir).release()  # in use by another job: RunDirInUseError; rank 0 locks it for the run
     except (ValueError, OSError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
 
-    os.environ[_RUN_DIR_VARIABLE] = str(run_dir)
+    os.environ[RUN_DIR_VARIABLE] = str(run_dir)
     os.environ[_TTY_VARIABLE] = "1" if mpi_util.stdout_is_terminal() else "0"
     try:
         fork = mpi_util.mpi_fork(config.nprocs, config.gpu_pct, on_failure=restart_from_newest_checkpoint(run_dir),
@@ -533,7 +244,7 @@ def main_in_rank(args: argparse.Namespace) -> int:
                 config.nprocs = mpi_util.nworkers
                 check_config(config)
             # Under mpi_fork its parent made the directory; under an outside launcher rank 0 makes it here.
-            run_dir = prepare_run_dir(run_dir, args.logdir, new=not resuming and _RUN_DIR_VARIABLE not in os.environ)
+            run_dir = prepare_run_dir(run_dir, args.logdir, new=not resuming and RUN_DIR_VARIABLE not in os.environ)
             setup = (config, run_dir, resuming)
         except (ValueError, OSError) as error:
             setup = f"train.py: error: {error}"
@@ -621,7 +332,7 @@ class StopRequest:
 def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     """The loop every rank runs: roll out, gather to rank 0, rank 0 updates, broadcast.
 
-    Only rank 0 imports TensorFlow: it holds the actor-critic and the PPO / TRPO update. The other ranks act with
+    Only rank 0 imports TensorFlow: it holds the actor-critic and the algorithm's update. The other ranks act with
     numpy copies of rank 0's weights and normalizers, received into arrays of the same shapes.
     """
     import gymnasium
@@ -647,7 +358,8 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
 
     elapsed_before = 0.0
     if resuming:
-        worker, action_rng, elapsed_before = restore(config, run_dir, learner, counters, worker, action_rng)
+        worker, action_rng, elapsed_before = restore(run_dir, learner, counters, worker, action_rng,
+                                                     functools.partial(make_rollout_worker, config, rank))
     if learner:
         learner.open_logs(resuming, counters.iteration, job)
         counters.stop = counters.budget_spent(config)
@@ -765,7 +477,8 @@ def make_rollout_worker(config: TrainConfig, rank: int, seed_path: tuple[int, ..
 
 
 class Learner:
-    """Rank 0's side: the TensorFlow actor-critic, the PPO or TRPO update, and the run directory's logs."""
+    """Rank 0's side: the TensorFlow actor-critic, the algorithm that updates it (--algo, built as algos.registry's
+    ALGORITHMS says), and the run directory's logs."""
 
     def __init__(self, config: TrainConfig, run_dir: Path, obs_dim: int, action_space: object, resuming: bool) -> None:
         # oneDNN's kernels cost more than they save on 64x64 networks (benchmarks/update.py): TensorFlow's own
@@ -783,7 +496,7 @@ class Learner:
                 del sys.modules["jax"]
         import tensorflow as tf
 
-        from algos import PPO, TRPO, ActorCritic, PPOConfig, TRPOConfig
+        from algos.policy import ActorCritic
 
         # Rank 0 alone runs the update while the workers wait without spinning. One thread per op: on networks of
         # this size splitting an op across threads (Adam's fused kernel above all) costs more than it saves;
@@ -798,13 +511,8 @@ class Learner:
         self.config, self.run_dir = config, run_dir
         self.versions = stack_versions()  # into config.json and every checkpoint; --resume compares
         self.ac = ActorCritic(obs_dim, action_space, hidden=config.hidden)
-        if config.algo == "ppo":
-            self.algo = PPO(self.ac, PPOConfig(lr=config.lr, epochs=config.epochs,
-                                               minibatch_size=config.minibatch_size,
-                                               target_kl=config.kl_targ or 0.02), seed=config.seed)
-        else:
-            self.algo = TRPO(self.ac, TRPOConfig(max_kl=config.kl_targ or 0.01, vf_lr=config.lr,
-                                                 vf_minibatch_size=config.minibatch_size), seed=config.seed)
+        self.spec = ALGORITHMS[config.algo]
+        self.algo: Algorithm = self.spec.build(self.ac, config)
         self.pending: tuple | None = None  # (batch, episodes, behavior_logp) gathered, not yet learned from
         self.logger = None
         self._lock: RunDirLock | None = None  # the run directory's lock, held while this process lives
@@ -839,12 +547,12 @@ class Learner:
         counters.collect_done = counters.budget_spent(self.config, len(batch["adv"]), len(episodes["ep_return"]))
 
     def update(self, counters: Counters) -> tuple[dict[str, float], dict]:
-        """One PPO / TRPO update on the batch held; advances the counters and sets counters.stop when the budget is
+        """The algorithm's update on the batch held; advances the counters and sets counters.stop when the budget is
         spent. Returns the update's statistics and the episodes of the batch it learned from."""
         config = self.config
         batch, episodes, behavior_logp = self.pending
         self.pending = None
-        if config.algo == "ppo" and config.lr_schedule == "linear":
+        if "lr_schedule" in self.spec.settings and config.lr_schedule == "linear":
             # The fraction of the step budget still ahead, counting this batch: the first update uses lr, the last
             # about lr / iterations (a resume with a smaller budget floors it at 0).
             self.algo.set_learning_rate(config.lr * max(0.0, 1.0 - counters.total_steps / config.total_steps))
@@ -897,78 +605,6 @@ class Learner:
 
         self.logger.close()
         plot_runs([self.run_dir], self.run_dir / "learning_curve.png")
-
-
-def restore(config: TrainConfig, run_dir: Path, learner: Learner | None, counters: Counters, worker: object,
-            action_rng: np.random.Generator) -> tuple:
-    """Continue from the newest good checkpoint: rank 0 loads the learner (weights, optimizer, RNG, counters); every
-    rank gets its own environments, episode state and action RNG back, or, when --nprocs changed, fresh episodes.
-    Returns (worker, action_rng, training seconds before this run)."""
-    from algos.checkpoint import load_latest_checkpoint
-    from algos.env_state import restore_env
-
-    rank, nprocs = mpi_util.rank, mpi_util.nworkers
-    per_rank_state, elapsed_before = None, 0.0
-    if learner:
-        path, state, warnings = load_latest_checkpoint(run_dir / "checkpoints")
-        for warning in warnings:
-            mpi_util.print0(f"train.py: warning: {warning}")
-        changes = version_changes(state.get("versions", {}), learner.versions)
-        if changes:
-            mpi_util.print0(f"train.py: warning: {path.name} was written with other versions ({', '.join(changes)}); "
-                            "the run continues, but not bit for bit as it would have")
-        for var, value in zip(learner.ac.broadcast_state(), state["ac_state"], strict=True):
-            if isinstance(var, np.ndarray):
-                var[...] = value
-            else:
-                var.assign(value)
-        learner.algo.set_optimizer_state(state["optimizer"])
-        learner.algo.set_rng_state(state["learner_rng"])
-        counters.array[:3] = state["counters"][:3]
-        if state.get("pending") is not None:  # --policy_lag 1: the batch gathered before the stop, not learned yet
-            learner.hold(*state["pending"], counters)
-        elapsed_before = state["elapsed_s"]
-        same_layout = state["nprocs"] == nprocs
-        per_rank_state = state["ranks"] if same_layout else None
-        mpi_util.print0(f"resuming {run_dir} from {path.name}: iteration {counters.iteration}, step "
-                        f"{counters.total_steps}" + ("" if same_layout else
-                                                     f" (was {state['nprocs']} processes: fresh episodes)"))
-    # Every rank's state travels to all (a few tens of kB each); each keeps its own.
-    per_rank_state, iteration = mpi_util.bcast_object((per_rank_state, counters.iteration))
-    if per_rank_state is None:
-        worker, _ = make_rollout_worker(config, rank, seed_path=(2, iteration))
-        return worker, action_rng, elapsed_before
-    mine = per_rank_state[rank]
-    # Checkpoints from before several envs per rank hold one env under "env".
-    worker.envs = [restore_env(blob) for blob in mine.get("envs", [mine.get("env")])]
-    worker.restore_episode(mine["episode"])
-    action_rng.bit_generator.state = mine["action_rng"]
-    return worker, action_rng, elapsed_before
-
-
-def checkpoint(run_dir: Path, learner: Learner | None, counters: Counters, worker: object,
-               action_rng: np.random.Generator, nprocs: int, elapsed_s: float) -> None:
-    """Every rank's episode state and RNG go to rank 0 (small pickles), which writes one file with the learner."""
-    from algos.checkpoint import list_checkpoints, save_checkpoint
-    from algos.env_state import snapshot_env
-
-    mine = {"envs": [snapshot_env(env) for env in worker.envs], "episode": worker.episode_state(),
-            "action_rng": action_rng.bit_generator.state}
-    ranks_state = mpi_util.gather_objects(mine)
-    if not learner:
-        return
-    try:
-        save_checkpoint(run_dir / "checkpoints", counters.iteration, {
-            "config": asdict(learner.config), "nprocs": nprocs, "counters": counters.array.copy(),
-            "elapsed_s": elapsed_s, "ac_state": [as_numpy(v) for v in learner.ac.broadcast_state()],
-            "optimizer": learner.algo.optimizer_state(), "learner_rng": learner.algo.rng_state(),
-            "ranks": ranks_state, "versions": learner.versions, "pending": learner.pending,
-        })
-    except OSError as error:
-        kept = list_checkpoints(run_dir / "checkpoints")
-        mpi_util.abort(f"train.py: error: cannot write the checkpoint of iteration {counters.iteration} in "
-                       f"{run_dir / 'checkpoints'}: {error.strerror or error}; the last good checkpoint, "
-                       f"{kept[-1].name if kept else 'none'}, is untouched")
 
 
 def check_sync(learner_state: list, counters: Counters) -> float:

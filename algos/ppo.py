@@ -1,6 +1,7 @@
 """Proximal policy optimization (Schulman et al. 2017) with the clipped surrogate, run by rank 0."""
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
@@ -9,6 +10,9 @@ from algos.adam import FusedAdam
 from algos.learner_batch import batch_specs, prepare_batch, weight_for_policy_lag
 from algos.policy import ActorCritic
 from mpi_util.stall import heartbeat
+
+if TYPE_CHECKING:
+    from algos.config import TrainConfig
 
 
 @dataclass
@@ -175,3 +179,10 @@ class PPO:
     def _batch_kl_fn(self, old_params: tf.Tensor, obs: tf.Tensor) -> tf.Tensor:
         """Mean KL(old || new) over the batch, a scalar; old_params (N, P)."""
         return self.ac.kl(old_params, obs)
+
+
+def from_config(ac: ActorCritic, config: "TrainConfig") -> PPO:
+    """train.py's PPO (algos.registry): --lr, --epochs, --minibatch_size, --kl_targ (target_kl, 0.02 when not
+    given) and --seed."""
+    return PPO(ac, PPOConfig(lr=config.lr, epochs=config.epochs, minibatch_size=config.minibatch_size,
+                             target_kl=config.kl_targ or 0.02), seed=config.seed)

@@ -6,6 +6,9 @@ Slurm's own %A_%a) so a run is found from the job that wrote it. Uniqueness itse
 for all but one of the processes that create the same path, on NFS and Lustre too: two jobs that pick the same name
 in the same second get NAME and NAME-2.
 
+``prepare_run_dir`` creates train.py's run directory and writes its longest path there once, so that a directory
+the run cannot use fails before the job starts.
+
 Locks: ``flock`` on RUN_DIR/.lock. Where the filesystem refuses flock (ENOSYS, ENOLCK, EOPNOTSUPP), an exclusive
 lock file RUN_DIR/.lock-owner, created with O_CREAT|O_EXCL, names the holder (host, pid, pid namespace and the
 process's start time) and is removed when the holder exits. A lock file left by a process that died (killed, or
@@ -19,6 +22,8 @@ import atexit
 import errno
 import fcntl
 import os
+import platform
+import shutil
 import socket
 import sys
 import time
@@ -26,6 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
+RUN_DIR_VARIABLE = "MPI_BATCH_RL_RUN_DIR"  # the new run's directory for rank 0 (set by mpi_fork's parent)
 LOCK_FILE = ".lock"
 OWNER_FILE = ".lock-owner"
 # What flock raises where the filesystem does not support it: Lustre without -o flock (ENOSYS), NFS without a lock
@@ -63,6 +69,34 @@ def create_run_dir(path: Path) -> Path:
         except FileExistsError:
             n += 1
             candidate = path.with_name(f"{path.name}-{n}")
+
+
+def prepare_run_dir(run_dir: Path, logdir: str, new: bool) -> Path:
+    """Create RUN_DIR (``new``: as a new run's directory, which create_run_dir makes unique) and write, then remove, a
+    file at the longest path the run will write (its TensorBoard file), so that a directory the run cannot use fails
+    now, in one line, not after start-up. What this call made is removed again on failure: a stub left behind would
+    pass for a run. Returns the directory created."""
+    existing = next((p for p in [run_dir, *run_dir.parents] if p.exists()), None)
+    longest = run_dir / "tb" / f"events.out.tfevents.{int(time.time())}.{platform.node()}.{'0' * 10}"
+    try:
+        if new:
+            run_dir = create_run_dir(run_dir)
+            longest = run_dir / "tb" / longest.name
+        new_tb = not longest.parent.exists()
+        longest.parent.mkdir(parents=True, exist_ok=True)
+        longest.write_text("ok")
+        longest.unlink()
+        if new_tb:
+            longest.parent.rmdir()
+    except OSError as error:
+        if existing is not None and existing != run_dir:  # from the first directory this call made, down
+            shutil.rmtree(next(p for p in [run_dir, *run_dir.parents] if p.parent == existing), ignore_errors=True)
+        if error.errno == errno.ENAMETOOLONG:
+            raise ValueError(f"--logdir {logdir}: the run's files would have paths too long for this system "
+                             f"({len(str(longest.resolve()))} characters, such as {longest.name}); "
+                             "choose a shorter --logdir") from None
+        raise
+    return run_dir
 
 
 class RunDirLock:

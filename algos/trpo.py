@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
@@ -10,6 +11,9 @@ from algos.adam import FusedAdam
 from algos.learner_batch import LearnerBatch, batch_specs, prepare_batch, weight_for_policy_lag
 from algos.policy import ActorCritic
 from mpi_util.stall import heartbeat
+
+if TYPE_CHECKING:
+    from algos.config import TrainConfig
 
 
 @dataclass
@@ -95,6 +99,10 @@ class TRPO:
             "explained_var": batch.explained_var,
             **lag_stats,
         }
+
+    def set_learning_rate(self, lr: float) -> None:
+        """The value function's Adam learning rate for the next updates (the policy step has none)."""
+        self.vf_optimizer.learning_rate.assign(lr)
 
     def optimizer_state(self) -> list[np.ndarray]:
         """Copies of every value-function Adam variable (step count, learning rate, moments), fixed order."""
@@ -215,6 +223,13 @@ class TRPO:
         grads = tape.gradient(loss, self._v_variables)
         self.vf_optimizer.apply(grads)
         return loss
+
+
+def from_config(ac: ActorCritic, config: "TrainConfig") -> TRPO:
+    """train.py's TRPO (algos.registry): --kl_targ (max_kl, 0.01 when not given), --lr (vf_lr), --minibatch_size
+    (vf_minibatch_size) and --seed."""
+    return TRPO(ac, TRPOConfig(max_kl=config.kl_targ or 0.01, vf_lr=config.lr, vf_minibatch_size=config.minibatch_size),
+                seed=config.seed)
 
 
 def _flat(tensors: list[tf.Tensor]) -> tf.Tensor:

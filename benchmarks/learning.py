@@ -88,9 +88,10 @@ def config_differences(run_dir: Path, train_args: list[str]) -> list[str]:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     import train
+    from algos.config import build_config, load_saved_config
 
-    now = asdict(train.build_config(train.parse_args(train_args))[0])
-    there = train.load_saved_config(run_dir)
+    now = asdict(build_config(train.parse_args(train_args))[0])
+    there = load_saved_config(run_dir)
     # What may differ between launches of one run: the resume passes its own nprocs and budget.
     launch_settings = {"nprocs", "gpu_pct", "total_steps", "num_episodes", "check_sync", "stall_timeout"}
     return [f"{name}: {there.get(name)!r} there, {value!r} now" for name, value in now.items()

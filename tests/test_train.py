@@ -202,7 +202,7 @@ def test_resume_with_different_nprocs_keeps_counters_and_other_versions_are_name
 
 def test_bare_env_name_resolves_to_newest_version():
     sys.path.insert(0, str(REPO))
-    from train import resolve_env_id
+    from algos.config import resolve_env_id
 
     assert resolve_env_id("Walker2d") == "Walker2d-v5"
     assert resolve_env_id("CartPole") == "CartPole-v1"
@@ -308,9 +308,10 @@ def test_lr_sets_trpo_value_function_learning_rate_and_config_records_it(tmp_pat
     code = (
         "import json, sys, gymnasium, train\n"
         "from pathlib import Path\n"
+        "from algos.config import build_config\n"
         "for argv in (['CartPole-v1', '--algo', 'trpo'], ['CartPole-v1', '--algo', 'trpo', '--lr', '0.02'],\n"
         "             ['CartPole-v1']):\n"
-        "    config, _, _ = train.build_config(train.parse_args(argv))\n"
+        "    config, _, _ = build_config(train.parse_args(argv))\n"
         "    learner = train.Learner(config, Path(sys.argv[1]), 4, gymnasium.spaces.Discrete(2), False)\n"
         "    optimizer = getattr(learner.algo, 'vf_optimizer', None) or learner.algo.optimizer\n"
         "    print(json.dumps([config.lr, float(optimizer.learning_rate.numpy())]))\n"

@@ -1,0 +1,89 @@
+"""algos.registry: PPO and TRPO satisfy the Algorithm protocol, and a third algorithm (tests/numpy_algo.py) runs in
+train.py from one registry entry, with no other change: --algo's choices, the default --lr, the learner, the
+learning-rate schedule and the checkpoint all come from the registry."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import gymnasium
+import pytest
+from conftest import REPO, run_bounded
+
+from algos.config import TrainConfig
+from algos.registry import ALGORITHMS, Algorithm
+
+TESTS = Path(__file__).resolve().parent
+# train.py with one more registry line, added at run time: the entry a new algorithm's author adds to ALGORITHMS.
+REGISTER = ("import sys, train, algos.registry as registry\n"
+            "registry.ALGORITHMS['obsnorm'] = registry.AlgorithmSpec('numpy_algo:from_config', 0.25, "
+            "('lr', 'lr_schedule'))\n"
+            "sys.exit(train.main())\n")
+
+
+def train_with_obsnorm(*args: str) -> tuple[int, str, str]:
+    result = run_bounded([sys.executable, "-c", REGISTER, *args], timeout=120,
+                         env={"PYTHONPATH": f"{REPO}:{TESTS}"})
+    return result.returncode, result.stdout, result.stderr
+
+
+def progress(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "progress.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_every_entry_names_its_settings_and_a_default_lr():
+    names = {f.name for f in fields(TrainConfig)}
+    for name, spec in ALGORITHMS.items():
+        assert set(spec.settings) <= names, (name, set(spec.settings) - names)
+        assert spec.default_lr > 0 and ":" in spec.builder, name
+    assert (ALGORITHMS["ppo"].default_lr, ALGORITHMS["trpo"].default_lr) == (3e-4, 1e-3)
+
+
+def test_a_run_of_an_algorithm_no_longer_registered_is_refused_in_one_line():
+    from algos.config import check_config
+
+    with pytest.raises(ValueError, match=r"^--algo gone is not one this train.py knows \(ppo, trpo"):
+        check_config(TrainConfig(env_id="CartPole-v1", algo="gone", lr=1e-3))
+
+
+def test_importing_the_registry_and_what_train_py_moved_out_imports_no_tensorflow():
+    code = ("import sys, algos.registry, algos.config, algos.resume, algos.run_dir; "
+            "print('tensorflow' in sys.modules)")
+    result = run_bounded([sys.executable, "-c", code], timeout=60)
+    assert result.stdout.strip() == "False", result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_every_algorithm_builds_from_the_config_and_satisfies_the_protocol(name):
+    from algos.policy import ActorCritic
+
+    config = TrainConfig(env_id="CartPole-v1", algo=name, lr=ALGORITHMS[name].default_lr)
+    algo = ALGORITHMS[name].build(ActorCritic(4, gymnasium.spaces.Discrete(2)), config)
+    assert isinstance(algo, Algorithm)
+
+
+def test_a_third_algorithm_runs_from_one_registry_line(tmp_path):
+    code, out, err = train_with_obsnorm("--help")
+    assert code == 0 and "--algo {ppo,trpo,obsnorm}" in " ".join(out.split()), out
+
+    code, out, err = train_with_obsnorm("CartPole-v1", "--algo", "obsnorm", "--batch_size", "512", "--total_steps",
+                                        "1024", "--checkpoint_every", "1", "--logdir", str(tmp_path))
+    assert code == 0, err[-3000:]
+    (run_dir,) = tmp_path.iterdir()
+    assert "_obsnorm_s0_" in run_dir.name
+    config = json.loads((run_dir / "config.json").read_text())
+    assert (config["algo"], config["lr"]) == ("obsnorm", 0.25)  # the registry's default lr
+    rows = progress(run_dir)
+    # The linear schedule (the entry reads lr_schedule): lr, then lr x (1 - 512 / 1024).
+    assert [(float(r["lr"]), float(r["updates"])) for r in rows] == [(0.25, 1.0), (0.125, 2.0)]
+
+    # --resume restores its optimizer state (the update count) and goes on with the schedule of the new budget.
+    code, out, err = train_with_obsnorm("--resume", str(run_dir), "--total_steps", "2048")
+    assert code == 0, err[-3000:]
+    rows = progress(run_dir)
+    assert [(float(r["lr"]), float(r["updates"])) for r in rows[2:]] == [(0.125, 3.0), (0.0625, 4.0)]
