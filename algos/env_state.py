@@ -5,8 +5,8 @@ their constructor arguments and rebuilds them fresh. For those the simulator sta
 includes the solver's warm start, so the continuation is bit-identical) and the env's RNG are saved beside
 the pickle and put back after it is loaded.
 
-Snapshots are zlib-compressed: a MuJoCo MjData pickles with its whole arena, mostly zeros (Walker2d: 694 KB, 35 KB
-compressed in 1.5 ms). Uncompressed snapshots, as older checkpoints hold, still load.
+Snapshots are zlib-compressed: a MuJoCo MjData pickles with its whole arena, which is mostly zeros.
+Uncompressed snapshots, as older checkpoints hold, still load.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 depend on the machine's cores or CPU model.
 
 OpenBLAS picks a kernel family for the CPU it finds (Haswell on AMD Zen and Intel AVX2 parts, SkylakeX on Intel
-AVX-512 parts) and each family rounds the rollout policy's matrix products differently: under SkylakeX's kernels
-the README's first command ends at a mean return of 733 instead of 1,139 (benchmarks/machine_dependence.py). Every
-x86-64 CPU with AVX2 and FMA runs the Haswell family, so it is used on all of them. Threads would also change the
-rounding, so BLAS and OpenMP get one each. A value the user set is kept.
+AVX-512 parts) and each family rounds the rollout policy's matrix products differently, enough for the same
+command to end at a different return on another CPU (benchmarks/machine_dependence.py measures it; the figures are
+in benchmarks/README.md). Every x86-64 CPU with AVX2 and FMA runs the Haswell family, so it is used on all of
+them. Threads would also change the rounding, so BLAS and OpenMP get one each. A value the user set is kept.
 """
 
 from __future__ import annotations

@@ -120,9 +120,9 @@ class RunLogger:
 class TensorBoardWriter:
     """Scalars to a TensorBoard event file in ``log_dir``, written and flushed in the calling thread.
 
-    Not tf.summary: its 20-odd eager ops and its flush through TensorFlow's writer thread cost rank 0 about 5 ms
-    per iteration, and about 60 ms of wall clock at 8 ranks on 2 cores, where every hand-off to another thread
-    waits for a time slice among the busy workers. One event of plain ``simple_value`` scalars per call is what
+    Not tf.summary: its 20-odd eager ops and its flush through TensorFlow's writer thread cost rank 0 time every
+    iteration, and more with more ranks than cores, where every hand-off to another thread waits for a time slice
+    among the busy workers. One event of plain ``simple_value`` scalars per call is what
     TensorBoard's scalar dashboard reads, and needs no TensorFlow.
     """
 

@@ -3,8 +3,8 @@
 With an even split (each rank ``total / nworkers`` units), a synchronous gather waits for the slowest rank: on a
 shared or oversubscribed machine some rank is always descheduled at the wrong moment. Drawing small pieces from one
 counter instead makes every rank finish within one piece of the others. The counter lives in an MPI shared-memory
-window on rank 0 and is updated with MPI's atomic fetch-and-add, which completes without rank 0 calling into MPI
-(measured: about 2 microseconds while rank 0 computes). So it needs every rank on one host.
+window on rank 0 and is updated with MPI's atomic fetch-and-add, which, on a window in shared memory, completes
+without rank 0 calling into MPI. So it needs every rank on one host.
 """
 
 from __future__ import annotations

@@ -91,6 +91,6 @@ def move_data(comm: MPI.Comm, post: Callable[[], list[MPI.Request]], what: str) 
     Completed with a busy ``Waitall`` as soon as every rank has posted its part: a large message moves in pipelined
     chunks that need every rank polling without pause. Until then, with the host transport, a rank sleeps: rank 0 may
     still be allocating its result or be descheduled on a loaded machine, and a rank spinning in MPI meanwhile burns a
-    core (40 ms seen in CI).
+    core that rank 0 needs.
     """
     post_and_complete(comm, post, what, watch.sequence, then_spin=True)

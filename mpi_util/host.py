@@ -2,18 +2,18 @@
 
 One object, ``HostTransport``, owns all of it: the doorbell that waiting ranks sleep on (wakeup.py), the exchange
 slots in the doorbell's window, the shared window rank 0 broadcasts through, and the per-rank shared segments a
-gather goes through. Why each pays (side by side, train.py Walker2d on 2 cores; benchmarks/README.md):
+gather goes through. What each does:
 
-- the doorbell: waiting ranks sleep in the kernel instead of waking every millisecond to poll MPI (1.21x steps/s at
-  8 processes, 1.04x at 2, against polling);
-- the exchange and the gather through shared memory: among 8 ranks on 2 cores, each round of an MPI collective
+- the doorbell: waiting ranks sleep in the kernel until another rank rings, instead of waking every millisecond to
+  poll MPI and taking time slices from rank 0's update;
+- the exchange and the gather through shared memory: with more ranks than cores, each round of an MPI collective
   waits for ranks the scheduler has not run yet; here the last rank to arrive wakes the others once, and rank 0
-  copies everyone's rows out with no data round (rank 0's gather 0.031 -> 0.017 s per iteration, 1.09x at 8);
-- the broadcast window: rank 0 copies the weights in, rings and goes on; an MPI Ibcast kept it waiting for every
-  rank (0.019-0.023 s -> 0.003-0.005 s per iteration at 8 processes, 1.14x steps/s).
+  copies everyone's rows out with no data round;
+- the broadcast window: rank 0 copies the weights in, rings and goes on, where an MPI ``Ibcast`` keeps it waiting
+  for every rank.
 
-All of it together, against plain MPI with timed polling on the same code: 1.08x steps/s at 8 processes, 1.03x at 2
-(within noise; benchmarks/results/variants_host_transport).
+Each was kept because a side-by-side run of train.py showed it pays; the figures, against plain MPI with timed
+polling on the same code, are in benchmarks/README.md (variants.py).
 
 Elsewhere (ranks on several hosts, no futexes, ``MPI_UTIL_WAIT=poll``, or /dev/shm without room) ``transport``
 returns None and the collectives use MPI. The decision is taken once, by every rank together, right after the

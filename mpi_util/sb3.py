@@ -42,7 +42,7 @@ command-line registry to the whole process, so when torch later loads triton (it
 first optimizer it builds) the process aborts: ``LLVM ERROR: inconsistency in registered CommandLine options``.
 Importing this module first registers tensorboard's own "no TensorFlow" marker (``tensorboard.compat.notf``), so
 tensorboard uses its TensorFlow-free stub: SB3's tensorboard logs are still written, and TensorFlow stays out of the
-process (no abort; a PPO process peaks at 341 MB instead of 844 MB; no TensorFlow start-up lines). Imported after
+process (no abort, less memory, no TensorFlow start-up lines). Imported after
 SB3 with TensorFlow already loaded, it raises ImportError saying so.
 
 This module imports nothing from SB3 or torch until ``parallelize`` is called; ``import mpi_util`` does not import it.

@@ -1,8 +1,8 @@
 """Waiting for the other ranks of one host without waking up every millisecond: a shared-memory doorbell.
 
 Timed polling (``host.poll_requests``) wakes a waiting rank every millisecond to ask MPI whether the
-collective is done. With 8 ranks on 2 cores, the 7 that wait for rank 0's update wake 7,000 times a second and take
-a quarter of a core from it. Here a waiting rank sleeps in the kernel (a Linux futex on a word of an MPI
+collective is done. With more ranks than cores, the ranks that wait for rank 0's update wake thousands of times a
+second and take time slices from it. Here a waiting rank sleeps in the kernel (a Linux futex on a word of an MPI
 shared-memory window) until another rank rings: every rank, having posted its part of a collective over
 ``COMM_WORLD``, writes how many such collectives it has entered into its own slot of the window, changes the
 doorbell word and wakes the sleepers. A sleeper that wakes reads the slots: while some rank has not arrived it
