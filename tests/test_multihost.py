@@ -26,6 +26,8 @@ from mpi_util.launch import mpi_library_is_open_mpi
 RANKS_PER_HOST = 2
 TRAIN = str(REPO / "train.py")
 TIMING_COLUMNS = {"steps_per_s", "wall_s", "t_rollout", "t_gather", "t_update", "t_bcast"}
+# One pytest-xdist worker runs the whole module, so its hosts are made once.
+pytestmark = pytest.mark.xdist_group("two_hosts")
 
 
 def hosts_or_skip(private_dir: Path | None = None) -> Iterator[TwoHosts]:

@@ -61,6 +61,7 @@ def learned_runs(runs_dir) -> dict[tuple[str, str], Path]:
     return runs
 
 
+@pytest.mark.xdist_group("learned_runs")
 @pytest.mark.parametrize(("env_id", "algo", "steps", "threshold"), LEARNING)
 def test_learns_at_two_processes(learned_runs, env_id, algo, steps, threshold):
     rows = progress(learned_runs[(env_id, algo)])
@@ -71,6 +72,7 @@ def test_learns_at_two_processes(learned_runs, env_id, algo, steps, threshold):
     assert all(r["sync_ok"] == "1.0" for r in rows)  # all ranks bit-identical after every broadcast
 
 
+@pytest.mark.xdist_group("learned_runs")
 def test_run_directory_has_config_csv_tensorboard_checkpoints_plot(learned_runs):
     run_dir = learned_runs[("CartPole-v1", "ppo")]
     config = json.loads((run_dir / "config.json").read_text())
@@ -86,6 +88,7 @@ def test_run_directory_has_config_csv_tensorboard_checkpoints_plot(learned_runs)
     assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.xdist_group("learned_runs")
 def test_tensorboard_reads_every_logged_value(learned_runs):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -99,6 +102,7 @@ def test_tensorboard_reads_every_logged_value(learned_runs):
         assert [e.value for e in logged] == pytest.approx([float(r[tag]) for r in rows], rel=1e-6)
 
 
+@pytest.mark.xdist_group("learned_runs")
 def test_ppo_learning_rate_decays_linearly_over_the_step_budget(learned_runs):
     rows = progress(learned_runs[("CartPole-v1", "ppo")])
     lrs = [float(r["lr"]) for r in rows]
@@ -106,6 +110,7 @@ def test_ppo_learning_rate_decays_linearly_over_the_step_budget(learned_runs):
     assert lrs == pytest.approx([3e-4 * (1 - i / 15) for i in range(15)], rel=1e-6)
 
 
+@pytest.mark.xdist_group("learned_runs")
 def test_play_runs_saved_policy(learned_runs):
     run_dir = learned_runs[("InvertedPendulum-v5", "ppo")]
     result = run_bounded([sys.executable, TRAIN, "--play", str(run_dir), "--episodes", "2"], timeout=120)
@@ -114,6 +119,7 @@ def test_play_runs_saved_policy(learned_runs):
     assert len(returns) == 2 and min(returns) >= 500, result.stdout
 
 
+@pytest.mark.xdist_group("learned_runs")
 def test_play_needs_no_tensorflow_and_writes_an_image_strip(learned_runs, tmp_path):
     run_dir = learned_runs[("InvertedPendulum-v5", "ppo")]
     strip = tmp_path / "strip.png"
@@ -258,6 +264,7 @@ def test_bad_input_is_one_clear_line_before_any_work(tmp_path, args, message):
     assert not list(tmp_path.iterdir())  # nothing was started or written
 
 
+@pytest.mark.xdist_group("learned_runs")
 def test_resume_of_another_env_is_refused(learned_runs):
     run_dir = learned_runs[("CartPole-v1", "ppo")]
     result = run_bounded([sys.executable, TRAIN, "Walker2d", "--resume", str(run_dir)], timeout=60)
