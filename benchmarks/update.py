@@ -5,7 +5,9 @@
 Every variant runs in its own process: the ActorCritic of Walker2d-v5 (17 observations, 6 actions, 64x64 networks),
 PPO with the default hyperparameters (10 epochs of minibatches of 64, Adam 3e-4) but target_kl=None so that every
 update runs all 10 epochs (equal work), on one fixed batch of 2,048 random rows. Two warm-up updates (the first one
-traces the graphs), then ``--updates`` timed ones; the variant's figure is their median. The variants run in an order
+traces the graphs), then ``--updates`` timed ones; the variant's figure is their median. ``--between rollout`` runs
+1,024 steps of Walker2d-v5 before each timed update, as rank 0 rolls out between its updates in train.py: an update
+that follows other work is slower than one that follows an update. The variants run in an order
 that alternates from repeat to repeat, and the ratios to the baseline pair runs of the same repeat.
 
 Variants (the levers of algos/ppo.py, algos/adam.py and train.py's Learner, turned off one at a time by patching
@@ -43,6 +45,8 @@ from typing import Any
 from scaling import fmt, load_average, machine_lines, median, pretty_command, table, write_csv
 
 REPO = Path(__file__).resolve().parent.parent
+# Rank 0's share of a 2,048-step batch at --nprocs 2.
+ROLLOUT_STEPS = 1024
 LEVERS = ("keras_adam", "graph_loop", "intra_all", "onednn_on", "xla_step")
 LABELS = {"keras_adam": "now, Keras Adam", "graph_loop": "now, graph loop", "intra_all": "now, intra-op = CPUs",
           "onednn_on": "now, oneDNN on", "xla_step": "now, XLA step"}
@@ -89,8 +93,13 @@ def turn_off(lever: str) -> None:
         algos.ppo.PPO._minibatch_step = jit_step
 
 
-def child(tree: Path, intra_threads: int, lever: str, updates: int) -> None:
-    """Time ``updates`` PPO updates of the checkout at ``tree``; print {"t_update": [s, ...]} as JSON."""
+def child(tree: Path, intra_threads: int, lever: str, updates: int, between: str) -> None:
+    """Time ``updates`` PPO updates of the checkout at ``tree``, each after ``between``; print {"t_update": [s, ...]}
+    as JSON."""
+    # This script imported this checkout's algos (scaling.py records the versions with it): forget it, so that the
+    # imports below take the tree's own.
+    for name in [name for name in sys.modules if name.split(".")[0] in ("algos", "mpi_util")]:
+        del sys.modules[name]
     sys.path.insert(0, str(tree))
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import gymnasium
@@ -112,22 +121,32 @@ def child(tree: Path, intra_threads: int, lever: str, updates: int) -> None:
     rows = 2048
     batch = (rng.normal(size=(rows, 17)).astype(np.float32), rng.normal(size=(rows, 6)).astype(np.float32),
              rng.normal(size=rows), rng.normal(size=rows))
+    env = gymnasium.make("Walker2d-v5")
+    env.reset(seed=0)
+    env.action_space.seed(0)
     for _ in range(2):
         ppo.update(*batch)
     times = []
     for _ in range(updates):
+        if between == "rollout":
+            for _ in range(ROLLOUT_STEPS):
+                _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+                if terminated or truncated:
+                    env.reset()
         start = time.perf_counter()
         ppo.update(*batch)
         times.append(time.perf_counter() - start)
     print(json.dumps({"t_update": times}))
 
 
-def run_variant(name: str, tree: Path, lever: str, intra: int, onednn: str, updates: int) -> dict[str, Any]:
+def run_variant(name: str, tree: Path, lever: str, intra: int, onednn: str, updates: int,
+                between: str) -> dict[str, Any]:
     env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn}
     load = load_average()
     result = subprocess.run(
         [sys.executable, __file__, "--child", str(tree), "--intra", str(intra), "--lever", lever,
-         "--updates", str(updates)], capture_output=True, text=True, env=env, timeout=600, check=False)
+         "--updates", str(updates), "--between", between],
+        capture_output=True, text=True, env=env, timeout=600, check=False)
     if result.returncode != 0:
         raise SystemExit(f"update.py: {name} failed:\n{result.stderr[-3000:]}")
     times = json.loads(result.stdout.strip().splitlines()[-1])["t_update"]
@@ -142,6 +161,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--updates", type=int, default=10, help="timed updates per run (default: %(default)s)")
     parser.add_argument("--levers", default=",".join(LEVERS),
                         help="comma-separated levers to turn off one at a time, or '' (default: all)")
+    parser.add_argument("--between", choices=("none", "rollout"), default="none",
+                        help="what runs before each timed update: none (updates back to back) or rollout "
+                             f"({ROLLOUT_STEPS:,} random-action steps of Walker2d-v5, as rank 0 rolls out between "
+                             "updates in train.py) (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "update",
                         help="where runs.csv and results.md go (default: %(default)s)")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
@@ -153,8 +176,10 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     if args.child is not None:
-        child(args.child, args.intra, args.lever, args.updates)
+        child(args.child, args.intra, args.lever, args.updates, args.between)
         return 0
+    args.between_text = ("nothing (back to back)" if args.between == "none"
+                         else f"{ROLLOUT_STEPS:,} steps of Walker2d-v5 with random actions")
     levers = [lever for lever in args.levers.split(",") if lever]
     unknown = sorted(set(levers) - set(LEVERS))
     if unknown:
@@ -176,7 +201,7 @@ def main() -> int:
                              "1" if lever == "onednn_on" else "0"))
         for repeat in range(args.repeats):
             for name, tree, lever, intra, onednn in variants if repeat % 2 == 0 else variants[::-1]:
-                run = {**run_variant(name, tree, lever, intra, onednn, args.updates), "repeat": repeat}
+                run = {**run_variant(name, tree, lever, intra, onednn, args.updates, args.between), "repeat": repeat}
                 runs.append(run)
                 print(f"repeat {repeat} {name}: t_update {run['t_update_s'] * 1000:.1f} ms", flush=True)
     for run in runs:
@@ -200,7 +225,8 @@ def main() -> int:
     loads = ", ".join(f"r{r['repeat']} {r['variant']}: {r['load_before']:.2f}" for r in runs)
     lines = machine_lines(pretty_command(), time.monotonic() - started, loads)
     lines.insert(1, f"- each run: PPO update of Walker2d's ActorCritic on a fixed 2,048-row batch, 10 epochs x 32 "
-                    f"minibatches, target_kl off; median of {args.updates} updates after 2 warm-up ones; "
+                    f"minibatches, target_kl off; median of {args.updates} updates after 2 warm-up ones, each after "
+                    f"{args.between_text}; "
                     f"{args.repeats} interleaved repeats")
     (args.out / "results.md").write_text("\n".join(lines) + "\n\n" + text + "\n")
     print(text)
