@@ -2,13 +2,19 @@
 # Creates benchmarks/.venv-rllib: RLlib for benchmarks/peers.py, kept out of the project's own environment (ray
 # pins its own gymnasium and pulls in pandas, pyarrow, pydantic and more; the tests never see any of it).
 #
-#   bash benchmarks/setup_peers.sh            # about 2-5 minutes; PYTHON=python3.11 picks the interpreter
+#   bash benchmarks/setup_peers.sh            # installs benchmarks/constraints-rllib.txt exactly, with --no-deps
+#   bash benchmarks/setup_peers.sh --relock   # resolves ray's dependencies afresh and rewrites that file
+#
+# PYTHON=python3.11 picks the interpreter. constraints-rllib.txt is the pip freeze of the environment the peers'
+# figures were made with: a lock, not a resolution, since ray[rllib] asks for an older gymnasium than ours and pip
+# would refuse the set; --no-deps installs it as it stood.
 #
 # The CleanRL-style peer needs no set-up: it runs on the bench extra's torch in the project's .venv.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$repo/benchmarks/.venv-rllib"
+lock="$repo/benchmarks/constraints-rllib.txt"
 python="${PYTHON:-python3}"
 ray_version="2.60.0"
 torch_version="2.13.0"  # the CPU-only wheel from this project's package index, as in the sb3 extra
@@ -25,8 +31,18 @@ fi
 
 "$python" -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
-"$venv/bin/pip" install --quiet "torch==$torch_version" "ray[rllib]==$ray_version"
-"$venv/bin/pip" install --quiet "gymnasium[mujoco]==$gymnasium_version" "mujoco==$mujoco_version"
+if [[ "${1:-}" == "--relock" ]]; then
+    "$venv/bin/pip" install --quiet "torch==$torch_version" "ray[rllib]==$ray_version"
+    "$venv/bin/pip" install --quiet "gymnasium[mujoco]==$gymnasium_version" "mujoco==$mujoco_version"
+    {
+        echo "# Exact versions of benchmarks/.venv-rllib, the RLlib peer's environment (Python $("$venv/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")'), Linux x86-64)."
+        echo "# Made by benchmarks/setup_peers.sh --relock (pip freeze); installed by it with --no-deps. Do not edit by hand."
+        "$venv/bin/pip" freeze --exclude-editable
+    } > "$lock"
+    echo "$lock: $(grep -c '==' "$lock") packages"
+else
+    "$venv/bin/pip" install --quiet --no-deps -r "$lock"
+fi
 "$venv/bin/python" -c 'import ray, torch, gymnasium, mujoco; from ray.rllib.algorithms.ppo import PPOConfig
 print(f"benchmarks/.venv-rllib: ray {ray.__version__}, torch {torch.__version__}, gymnasium {gymnasium.__version__}, "
       f"mujoco {mujoco.__version__}")'

@@ -48,6 +48,19 @@ def test_base_install_has_mpi_util_without_tensorflow(tmp_path):
     assert len(lines) == 1 and "train.py needs the rl extra: pip install -e '.[rl]'" in lines[0], result.stderr
 
 
+def read_pins(lock: Path) -> dict[str, str]:
+    """{canonical package name: exact version} of a lock file of NAME==VERSION lines."""
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in lock.read_text().splitlines():
+        requirement = line.split("#")[0].strip()
+        if requirement:
+            name, version = requirement.split("==")
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
 def test_constraints_pin_every_dependency_within_setup_cfg():
     # constraints.txt (made by .ci/lock) must pin every package setup.cfg names, at a version setup.cfg allows: a
     # dependency added or re-ranged in setup.cfg without rerunning .ci/lock fails here.
@@ -56,12 +69,7 @@ def test_constraints_pin_every_dependency_within_setup_cfg():
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    pins = {}
-    for line in (REPO / "constraints.txt").read_text().splitlines():
-        requirement = line.split("#")[0].strip()
-        if requirement:
-            name, version = requirement.split("==")
-            pins[canonicalize_name(name)] = version
+    pins = read_pins(REPO / "constraints.txt")
     config = configparser.ConfigParser()
     config.read(REPO / "setup.cfg")
     lines = config["options"]["install_requires"].splitlines()
@@ -74,3 +82,12 @@ def test_constraints_pin_every_dependency_within_setup_cfg():
         assert name in pins, f"{name} is not in constraints.txt: run .ci/lock"
         assert requirement.specifier.contains(pins[name], prereleases=True), (name, pins[name], requirement)
     assert pins["torch"].endswith("+cpu")
+
+
+def test_rllib_peer_lock_runs_the_same_env_and_numeric_code_as_the_project_lock():
+    # The RLlib peer (benchmarks/setup_peers.sh) must step the same gymnasium and MuJoCo, on the same numpy, with the
+    # same CPU-only torch, as the project's figures: a lock rewritten on one side only fails here.
+    ours, rllib = read_pins(REPO / "constraints.txt"), read_pins(REPO / "benchmarks" / "constraints-rllib.txt")
+    assert rllib["ray"] == "2.60.0"
+    for name in ("gymnasium", "mujoco", "numpy", "torch"):
+        assert rllib[name] == ours[name], (name, rllib[name], ours[name])
