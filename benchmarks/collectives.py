@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scaling import versions_line
 
 import mpi_util
 from mpi_util.collective import meet
@@ -548,6 +549,7 @@ def driver_main(args: argparse.Namespace) -> int:
         f"Python {machine['python']}",
         f"- MPI: {runs[0]['mpi_library']}; mpi4py {runs[0]['mpi4py']}; numpy {runs[0]['numpy']}",
         f"- date: {machine['date_utc']}; total wall time of the run {wall_s:.0f} s",
+        versions_line(),
         f"- 1-minute load average when each rank count started ({loads}): the machine is shared, other jobs may "
         "have run during the measurement",
     ])

@@ -57,7 +57,6 @@ import hashlib
 import importlib.util
 import math
 import os
-import pickle
 import platform
 import random
 import shlex
@@ -74,6 +73,9 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+from scaling import versions_line
+
+from algos.env_state import restore_env
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "train.py"
@@ -266,9 +268,9 @@ def same_value(a: Any, b: Any, depth: int = 0) -> bool:
 
 
 def comparable(state: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint with every rank's pickled environment unpickled: two pickles of the same environment may
+    """A checkpoint with every rank's saved environment restored: two snapshots of the same environment may
     differ in bytes (which equal strings pickle shares), not in what they hold."""
-    ranks = [dict(r, envs=[pickle.loads(blob) for blob in r["envs"]]) if isinstance(r, dict) and "envs" in r else r
+    ranks = [dict(r, envs=[restore_env(blob) for blob in r["envs"]]) if isinstance(r, dict) and "envs" in r else r
              for r in state.get("ranks") or []]
     return dict(state, ranks=ranks)
 
@@ -722,6 +724,7 @@ def write_results(out: Path, results: list[TrialResult], reference: Reference, a
         f"- code: commit {machine['commit']}, uncommitted changes in: {machine['modified']}; digest of train.py, "
         f"algos/, mpi_util/ {reference.code} (every trial checks it is unchanged)",
         f"- date: {machine['date_utc']}; total wall time {wall_s:.0f} s ({wall_s / 60:.1f} min)",
+        versions_line(),
         f"- 1-minute load average at the start {loads[0]:.2f}, at the end {loads[1]:.2f} (shared machine)",
         f"- processes: the launcher's exit to the last process of the job gone: median {np.median(lingers):.2f} s, "
         f"max {max(lingers):.2f} s over {len(lingers)} launches",

@@ -32,7 +32,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scaling import describe_machine, load_average, pretty_command, read_progress, run_logged, table, write_csv
+from scaling import (
+    describe_machine,
+    load_average,
+    pretty_command,
+    read_progress,
+    run_logged,
+    table,
+    versions_line,
+    write_csv,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "learning"
@@ -277,6 +286,7 @@ def report(out: Path) -> None:
         f"- machine: nproc {machine['nproc']}, {machine['cpu_model']}, {machine['memory']} memory, {machine['os']}, "
         f"Python {machine['python']}; shared with other jobs, so wall clock varies with the load",
         f"- runs finished between {dates[0]} and {dates[-1]}; code at commit(s) {', '.join(commits)}",
+        f"{versions_line()} (of this summary; each run's config.json holds the versions it ran with)",
         f"- deterministic eval: the final policy acting with its mean action, {len(summaries[0]['eval_returns'])} "
         f"episodes; final training return: mean over the training episodes (stochastic actions) that ended in the "
         f"last iterations, at least {FINAL_EPISODES} episodes; both as mean ± std over seeds. Targets are judged on "

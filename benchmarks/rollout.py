@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scaling import describe_machine, load_average, pretty_command, table, write_csv
+from scaling import describe_machine, load_average, pretty_command, table, versions_line, write_csv
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "rollout"
@@ -380,6 +380,7 @@ def main() -> int:
         f"- machine: nproc {machine['nproc']}, {machine['cpu_model']}, {machine['memory']} memory, {machine['os']}, "
         f"Python {machine['python']}",
         f"- date: {machine['date_utc']} (`date -u` at the end); total wall time {wall_s:.0f} s",
+        versions_line(),
         f"- 1-minute load average during the measurements: median {statistics.median(loads):.2f}, "
         f"{min(loads):.2f}-{max(loads):.2f} (the machine is shared; other jobs ran meanwhile)",
         "",

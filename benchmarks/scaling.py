@@ -250,6 +250,11 @@ def fmt(value: float, digits: int = 0) -> str:
     return "nan" if math.isnan(value) else f"{value:,.{digits}f}"
 
 
+def versions_line() -> str:
+    """The results.md line that records the software stack and CPU a benchmark ran on (algos/versions.py)."""
+    return "- versions: " + ", ".join(f"{name} {value}" for name, value in stack_versions().items())
+
+
 def machine_lines(command: str, wall_s: float, loads: str) -> list[str]:
     """The command / machine / date / load lines that go above every table."""
     machine = describe_machine()
@@ -258,7 +263,7 @@ def machine_lines(command: str, wall_s: float, loads: str) -> list[str]:
         f"- machine: nproc {machine['nproc']}, {machine['cpu_model']}, {machine['memory']} memory, {machine['os']}, "
         f"Python {machine['python']}",
         f"- date: {machine['date_utc']} (`date -u` at the end); total wall time of the benchmark {wall_s:.0f} s",
-        "- versions: " + ", ".join(f"{name} {value}" for name, value in stack_versions().items()),
+        versions_line(),
         f"- 1-minute load average before each run ({loads}). The machine is shared: other jobs ran during the "
         "measurement, so absolute numbers move from run to run; the ratios pair neighbouring runs.",
     ]
