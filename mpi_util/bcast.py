@@ -135,7 +135,8 @@ def rank0_bcast_wts(x: Any, comm: MPI.Comm | None = None) -> None:
     After one small exchange in which ranks check they hold the same shapes (and wait for each other without
     spinning), variables under 256 KiB travel packed in one buffer per dtype, larger ones each from its own memory:
     when every rank is on one host (the doorbell in use) and the total is at most 16 MiB, rank 0 copies them into a
-    shared-memory window and goes on while the others copy them out (comm.bcast_on_host); else one Ibcast each.
+    shared-memory window and goes on while the others copy them out (``HostTransport.bcast`` in host.py); else one
+    Ibcast each.
     """
     comm = COMM_WORLD if comm is None else comm
     leaves = _flatten(x)
