@@ -53,8 +53,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from algos.versions import stack_versions
-
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "scaling"
 TIME_KEYS = ("t_rollout", "t_gather", "t_update", "t_bcast")
@@ -252,6 +250,10 @@ def fmt(value: float, digits: int = 0) -> str:
 
 def versions_line() -> str:
     """The results.md line that records the software stack and CPU a benchmark ran on (algos/versions.py)."""
+    # Imported here, not with this module: benchmarks that import scaling may go on to import another checkout's
+    # algos (update.py's baseline), which an algos already in sys.modules would shadow.
+    from algos.versions import stack_versions
+
     return "- versions: " + ", ".join(f"{name} {value}" for name, value in stack_versions().items())
 
 

@@ -19,19 +19,18 @@ python="${PYTHON:-python3}"
 ray_version="2.60.0"
 torch_version="2.13.0"  # the CPU-only wheel from this project's package index, as in the sb3 extra
 
-# The environments must be the same code as ours: take gymnasium's and MuJoCo's versions from the project's .venv
-# when it exists. ray[rllib]'s extra asks for gymnasium==1.2.2: installing ours over it afterwards overrides that
-# (ray 2.60.0 ran with gymnasium 1.4.0), and peers.py records the versions each system ran with.
-gymnasium_version="1.4.0"
-mujoco_version="4.0.0"
-if [[ -x "$repo/.venv/bin/python" ]]; then
-    read -r gymnasium_version mujoco_version < <("$repo/.venv/bin/python" -c \
-        'import gymnasium, mujoco; print(gymnasium.__version__, mujoco.__version__)')
-fi
-
 "$python" -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
 if [[ "${1:-}" == "--relock" ]]; then
+    # The environments must be the same code as ours: take gymnasium's and MuJoCo's versions from the project's
+    # .venv when it exists. ray[rllib]'s extra asks for gymnasium==1.2.2: installing ours over it afterwards
+    # overrides that (ray 2.60.0 ran with gymnasium 1.4.0), and peers.py records the versions each system ran with.
+    gymnasium_version="1.4.0"
+    mujoco_version="4.0.0"
+    if [[ -x "$repo/.venv/bin/python" ]]; then
+        read -r gymnasium_version mujoco_version < <("$repo/.venv/bin/python" -c \
+            'import gymnasium, mujoco; print(gymnasium.__version__, mujoco.__version__)')
+    fi
     "$venv/bin/pip" install --quiet "torch==$torch_version" "ray[rllib]==$ray_version"
     "$venv/bin/pip" install --quiet "gymnasium[mujoco]==$gymnasium_version" "mujoco==$mujoco_version"
     {

@@ -96,10 +96,6 @@ def turn_off(lever: str) -> None:
 def child(tree: Path, intra_threads: int, lever: str, updates: int, between: str) -> None:
     """Time ``updates`` PPO updates of the checkout at ``tree``, each after ``between``; print {"t_update": [s, ...]}
     as JSON."""
-    # This script imported this checkout's algos (scaling.py records the versions with it): forget it, so that the
-    # imports below take the tree's own.
-    for name in [name for name in sys.modules if name.split(".")[0] in ("algos", "mpi_util")]:
-        del sys.modules[name]
     sys.path.insert(0, str(tree))
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import gymnasium
@@ -121,9 +117,10 @@ def child(tree: Path, intra_threads: int, lever: str, updates: int, between: str
     rows = 2048
     batch = (rng.normal(size=(rows, 17)).astype(np.float32), rng.normal(size=(rows, 6)).astype(np.float32),
              rng.normal(size=rows), rng.normal(size=rows))
-    env = gymnasium.make("Walker2d-v5")
-    env.reset(seed=0)
-    env.action_space.seed(0)
+    if between == "rollout":
+        env = gymnasium.make("Walker2d-v5")
+        env.reset(seed=0)
+        env.action_space.seed(0)
     for _ in range(2):
         ppo.update(*batch)
     times = []
@@ -178,8 +175,6 @@ def main() -> int:
     if args.child is not None:
         child(args.child, args.intra, args.lever, args.updates, args.between)
         return 0
-    args.between_text = ("nothing (back to back)" if args.between == "none"
-                         else f"{ROLLOUT_STEPS:,} steps of Walker2d-v5 with random actions")
     levers = [lever for lever in args.levers.split(",") if lever]
     unknown = sorted(set(levers) - set(LEVERS))
     if unknown:
@@ -224,9 +219,11 @@ def main() -> int:
     write_csv(args.out / "runs.csv", runs)
     loads = ", ".join(f"r{r['repeat']} {r['variant']}: {r['load_before']:.2f}" for r in runs)
     lines = machine_lines(pretty_command(), time.monotonic() - started, loads)
+    between = ("nothing (back to back)" if args.between == "none"
+               else f"{ROLLOUT_STEPS:,} steps of Walker2d-v5 with random actions")
     lines.insert(1, f"- each run: PPO update of Walker2d's ActorCritic on a fixed 2,048-row batch, 10 epochs x 32 "
                     f"minibatches, target_kl off; median of {args.updates} updates after 2 warm-up ones, each after "
-                    f"{args.between_text}; "
+                    f"{between}; "
                     f"{args.repeats} interleaved repeats")
     (args.out / "results.md").write_text("\n".join(lines) + "\n\n" + text + "\n")
     print(text)
