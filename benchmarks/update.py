@@ -7,7 +7,8 @@ PPO with the default hyperparameters (10 epochs of minibatches of 64, Adam 3e-4)
 update runs all 10 epochs (equal work), on one fixed batch of 2,048 random rows. Two warm-up updates (the first one
 traces the graphs), then ``--updates`` timed ones; the variant's figure is their median. ``--between rollout`` runs
 1,024 steps of Walker2d-v5 before each timed update, as rank 0 rolls out between its updates in train.py: an update
-that follows other work is slower than one that follows an update. The variants run in an order
+that follows other work is slower than one that follows an update. ``--between idle`` sleeps as long as that rollout
+takes instead, to tell the rollout's own cost from that of the time the learner sat unused. The variants run in an order
 that alternates from repeat to repeat, and the ratios to the baseline pair runs of the same repeat.
 
 Variants (the levers of algos/ppo.py, algos/adam.py and train.py's Learner, turned off one at a time by patching
@@ -49,6 +50,8 @@ from scaling import fmt, load_average, median, table, write_results
 REPO = Path(__file__).resolve().parent.parent
 # Rank 0's share of a 2,048-step batch at --nprocs 2.
 ROLLOUT_STEPS = 1024
+# About how long rank 0 takes to roll out ROLLOUT_STEPS steps in train.py at --nprocs 2 on the 2-core machine.
+ROLLOUT_S = 0.1
 LEVERS = ("keras_adam", "graph_loop", "intra_all", "onednn_on", "xla_step", "single_threaded_executor")
 LABELS = {"keras_adam": "now, Keras Adam", "graph_loop": "now, graph loop", "intra_all": "now, intra-op = CPUs",
           "onednn_on": "now, oneDNN on", "xla_step": "now, XLA step",
@@ -170,6 +173,8 @@ def child(tree: Path, intra_threads: int, lever: str, updates: int, between: str
     for _ in range(updates):
         if env is not None:
             random_rollout(env)
+        elif between == "idle":
+            time.sleep(ROLLOUT_S)
         start = time.perf_counter()
         ppo.update(*batch)
         times.append(time.perf_counter() - start)
@@ -198,10 +203,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--updates", type=int, default=10, help="timed updates per run (default: %(default)s)")
     parser.add_argument("--levers", default=",".join(LEVERS),
                         help="comma-separated levers to turn off one at a time, or '' (default: all)")
-    parser.add_argument("--between", choices=("none", "rollout"), default="none",
-                        help="what runs before each timed update: none (updates back to back) or rollout "
+    parser.add_argument("--between", choices=("none", "rollout", "idle"), default="none",
+                        help="what runs before each timed update: none (updates back to back), rollout "
                              f"({ROLLOUT_STEPS:,} random-action steps of Walker2d-v5, as rank 0 rolls out between "
-                             "updates in train.py) (default: %(default)s)")
+                             f"updates in train.py) or idle (a {ROLLOUT_S} s sleep, about that rollout's time) "
+                             "(default: %(default)s)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "update",
                         help="where runs.csv and results.md go (default: %(default)s)")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
@@ -256,8 +262,8 @@ def main() -> int:
               "t_update / now (per repeat)"]
     text = table(header, rows)
     loads = ", ".join(f"r{r['repeat']} {r['variant']}: {r['load_before']:.2f}" for r in runs)
-    between = ("nothing (back to back)" if args.between == "none"
-               else f"{ROLLOUT_STEPS:,} steps of Walker2d-v5 with random actions")
+    between = {"none": "nothing (back to back)", "idle": f"a {ROLLOUT_S} s sleep",
+               "rollout": f"{ROLLOUT_STEPS:,} steps of Walker2d-v5 with random actions"}[args.between]
     about = (f"- each run: PPO update of Walker2d's ActorCritic on a fixed 2,048-row batch, 10 epochs x 32 "
              f"minibatches, target_kl off; median of {args.updates} updates after 2 warm-up ones, each after "
              f"{between}; {args.repeats} interleaved repeats")
