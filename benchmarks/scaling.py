@@ -271,10 +271,13 @@ def machine_lines(command: str, wall_s: float, loads: str) -> list[str]:
     ]
 
 
-def write_results(out: Path, runs: Sequence[dict[str, Any]], text: str, about: str, wall_s: float, loads: str) -> None:
+def write_results(out: Path, runs: Sequence[dict[str, Any]], text: str, about: str, wall_s: float,
+                  run_label: str) -> None:
     """runs.csv (every run) and results.md (machine_lines with ``about`` after the command line, then the table
-    ``text``) in ``out``; prints the table."""
+    ``text``) in ``out``; prints the table. Each run has "repeat" and "load_before"; its ``run_label`` key names it in
+    the load line."""
     out.mkdir(parents=True, exist_ok=True)
+    loads = ", ".join(f"r{r['repeat']} {r[run_label]}: {r['load_before']:.2f}" for r in runs)
     write_csv(out / "runs.csv", runs)
     lines = machine_lines(pretty_command(), wall_s, loads)
     lines.insert(1, about)

@@ -182,11 +182,10 @@ def main() -> int:
               "job peak (MB)", "steps/s", f"first iteration / {baseline}", f"job memory / {baseline}",
               f"steps/s / {baseline}"]
     text = table(header, rows)
-    loads = ", ".join(f"r{r['repeat']} {r['variant']}: {r['load_before']:.2f}" for r in runs)
     about = (f"- runs: `TREE/train.py {args.env} --nprocs {args.nprocs} --total_steps {args.total_steps}`; "
              + "; ".join(f"{name} = {tree}" for name, tree in variants)
              + f"; {args.repeats} interleaved repeat(s); medians, ratios per repeat (in repeat order)")
-    write_results(args.out, runs, text, about, time.monotonic() - started, loads)
+    write_results(args.out, runs, text, about, time.monotonic() - started, "variant")
     return 0
 
 
