@@ -171,7 +171,7 @@ def child(tree: Path, intra_threads: int, lever: str, updates: int, between: str
         ppo.update(*batch)
     times = []
     for _ in range(updates):
-        if env is not None:
+        if between == "rollout":
             random_rollout(env)
         elif between == "idle":
             time.sleep(ROLLOUT_S)
