@@ -18,6 +18,7 @@ import platform
 import signal
 import sys
 import time
+import typing
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -32,6 +33,7 @@ try:
 except ImportError as error:  # no MPI library: say so in one line, not a traceback
     print(f"train.py: error: {error}", file=sys.stderr)
     sys.exit(2)
+from algos.checkpoint import remove_temporary_files, write_atomic  # noqa: E402
 from algos.config import TrainConfig, build_config, check_config  # noqa: E402
 from algos.registry import ALGORITHMS, Algorithm  # noqa: E402
 from algos.resume import as_numpy, checkpoint, restart_from_newest_checkpoint, restore  # noqa: E402
@@ -48,9 +50,18 @@ def _default(name: str) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, as train.py's own are, instead of the usage block."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        # Under an outside launcher every rank parses the same line: rank 0 alone says it.
+        mpi_util.print0(f"{self.prog}: error: {message}; see --help", file=sys.stderr)
+        sys.exit(2)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options; an option not given is None, so that --resume can tell what the user asked to change."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Outputs go to LOGDIR/<env>_<algo>_s<seed>_<time>/: config.json, progress.csv, tb/ (TensorBoard), "
                "checkpoints/, learning_curve.png.",
@@ -528,8 +539,11 @@ class Learner:
                 self._lock = lock_run_dir(self.run_dir)
             except RunDirInUseError as error:
                 mpi_util.abort(f"train.py: error: {error}")
+            # What a process killed part-way through a write left (no write is under way: the lock is ours).
+            for directory in (self.run_dir, self.run_dir / "checkpoints"):
+                remove_temporary_files(directory)
             record = {**asdict(self.config), **job, "rank0_cpus": self.cpus, **self.threads, "versions": self.versions}
-            (self.run_dir / "config.json").write_text(json.dumps(record, indent=2) + "\n")
+            write_atomic(self.run_dir / "config.json", (json.dumps(record, indent=2) + "\n").encode())
             self.logger = RunLogger(self.run_dir, self.config.total_steps,
                                     progress_bar=os.environ.get(_TTY_VARIABLE) == "1", resume=resuming)
             if resuming:

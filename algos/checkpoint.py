@@ -23,9 +23,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint file that cannot be used (missing, truncated, corrupted, or from another run)."""
 
 
+_TEMPORARY = re.compile(r"^\..+\.tmp\d*$")  # write_atomic's ".NAME.tmp" (and older ".NAME.tmpPID")
+
+
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader sees either the old file or the complete new one."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    """Write ``data`` to ``path`` so that a reader sees either the old file or the complete new one.
+
+    The data goes to ``.NAME.tmp`` beside it first: one name, not one per process, since one process at a time writes
+    a run directory (its lock), and a fault-injection test can then name the file. A kill part-way leaves that file
+    behind; ``remove_temporary_files`` clears it."""
+    tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -43,6 +50,17 @@ def write_atomic(path: Path, data: bytes) -> None:
             os.close(dir_fd)
     except OSError:
         pass
+
+
+def remove_temporary_files(directory: Path) -> list[Path]:
+    """Remove what write_atomic left in ``directory`` when its writer was killed part-way; call it only while holding
+    the directory (its lock), when no write can be under way. Returns what was removed."""
+    removed = []
+    for path in directory.iterdir() if directory.is_dir() else []:
+        if _TEMPORARY.match(path.name) and path.is_file():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def save_checkpoint(directory: Path, iteration: int, state: dict[str, Any], keep: int = 3) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import socket
@@ -15,6 +16,8 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 from tqdm import tqdm
+
+from algos.checkpoint import write_atomic
 
 # Columns of the console line: (key in the logged row, header, width, format spec). The CSV and TensorBoard
 # get every key.
@@ -43,6 +46,18 @@ def _cell(value: Any, width: int, spec: str) -> str:
     return format(value, spec).rjust(width)
 
 
+def _whole_row_up_to(line: str, n_columns: int, iteration: int) -> bool:
+    """Whether ``line`` of progress.csv is a complete row (its newline, every column) of an iteration <= ``iteration``:
+    rows are appended, so a write that a kill or a full disk cut short leaves a partial last line."""
+    if not line.endswith("\n"):
+        return False
+    fields = next(csv.reader([line]), [])
+    try:
+        return len(fields) == n_columns and int(fields[0]) <= iteration
+    except ValueError:
+        return False
+
+
 class RunLogger:
     """Writes RUN_DIR/progress.csv (every logged value, one row per iteration), TensorBoard event files in
     RUN_DIR/tb, and prints a compact line per iteration; with ``progress_bar`` also a bar with ETA on the
@@ -58,35 +73,39 @@ class RunLogger:
         self._columns: list[str] | None = None
         if resume and self._csv_path.exists():
             with open(self._csv_path, newline="") as f:
-                header = next(csv.reader(f), None)
-            self._columns = header
-        elif self._csv_path.exists():
-            self._csv_path.unlink()
+                first_line = f.readline()
+            # A header without its newline was cut short: the file is begun again (it held no row).
+            self._columns = next(csv.reader([first_line])) if first_line.endswith("\n") else None
+        if self._columns is None:
+            self._csv_path.unlink(missing_ok=True)
         self._lines_printed = 0
         self._bar: tqdm | None = None  # drawn from the first logged iteration on, below the lines
         self._tb = TensorBoardWriter(run_dir / "tb")
 
     def truncate_after(self, iteration: int) -> None:
-        """Drop CSV rows after ``iteration`` (a resumed run redoes them from its checkpoint)."""
-        if not self._csv_path.exists():
+        """Drop CSV rows after ``iteration`` (a resumed run redoes them from its checkpoint), and any row a crash or a
+        full disk cut short. The file is replaced whole (algos.checkpoint.write_atomic), never rewritten in place: a
+        kill or a full disk part-way leaves it as it was."""
+        if not self._csv_path.exists() or not self._columns:
             return
-        with open(self._csv_path, newline="") as f:
-            rows = list(csv.DictReader(f))
-        kept = [row for row in rows if int(row["iteration"]) <= iteration]
-        if len(kept) != len(rows) and self._columns:
-            with open(self._csv_path, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self._columns)
-                writer.writeheader()
-                writer.writerows(kept)
+        text = self._csv_path.read_text()
+        lines = text.splitlines(keepends=True)
+        kept = [lines[0]] + [line for line in lines[1:] if _whole_row_up_to(line, len(self._columns), iteration)]
+        if len(kept) != len(lines) or not text.endswith("\n"):
+            write_atomic(self._csv_path, "".join(kept).encode())
 
     def log(self, row: dict[str, Any]) -> None:
         """Record one iteration's values (numbers; NaN where there is no value, e.g. no episode finished)."""
-        if self._columns is None:
+        line = io.StringIO()
+        if self._columns is None:  # the header and the first row appear together, or not at all
             self._columns = list(row)
-            with open(self._csv_path, "w", newline="") as f:
-                csv.writer(f).writerow(self._columns)
-        with open(self._csv_path, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self._columns, extrasaction="ignore").writerow(row)
+            csv.writer(line).writerow(self._columns)
+            csv.DictWriter(line, fieldnames=self._columns, extrasaction="ignore").writerow(row)
+            write_atomic(self._csv_path, line.getvalue().encode())
+        else:  # appended: a write cut short leaves a partial last line, which the next resume drops
+            csv.DictWriter(line, fieldnames=self._columns, extrasaction="ignore").writerow(row)
+            with open(self._csv_path, "a", newline="") as f:
+                f.write(line.getvalue())
         self._tb.write_scalars(int(row["total_steps"]), {
             key: value for key, value in row.items()
             if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value))})
