@@ -17,12 +17,25 @@ import os
 import platform
 import signal
 import sys
+import threading
 import time
 import typing
 from dataclasses import asdict, fields
 from pathlib import Path
 
 from algos.kernels import pin_numeric_kernels
+
+# Stop requests that come before the training loop's handlers are in place (a scheduler's cancel at start-up) are
+# noted here and acted on by StopRequest, instead of Python's defaults: SIGTERM and SIGHUP would end the process without
+# a checkpoint, SIGINT raise KeyboardInterrupt wherever it lands. SIGUSR1 and SIGUSR2 stand for SIGINT and SIGTERM
+# (mpi_util.launch.STAND_IN_SIGNALS) until mpi_fork installs their translation.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_EARLY_MEANING = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM, signal.SIGHUP: signal.SIGHUP,
+                  signal.SIGUSR1: signal.SIGINT, signal.SIGUSR2: signal.SIGTERM}
+_early_stop_signals: list[int] = []
+if __name__ == "__main__":
+    for _signum in _EARLY_MEANING:
+        signal.signal(_signum, lambda signum, _frame: _early_stop_signals.append(_EARLY_MEANING[signum]))
 
 pin_numeric_kernels()  # before numpy loads OpenBLAS: the same kernels and threads on every machine and rank
 
@@ -41,6 +54,7 @@ from algos.run_dir import RUN_DIR_VARIABLE, RunDirInUseError, RunDirLock, lock_r
 from algos.versions import stack_versions  # noqa: E402
 from mpi_util.supervise import check_process_room  # noqa: E402
 
+_PLAY_EPISODES = 5  # --play's episodes when --episodes is not given
 _TTY_VARIABLE = "MPI_BATCH_RL_TTY"  # ranks' stdout is a pipe to mpiexec; the parent says if the user has a terminal
 
 
@@ -149,12 +163,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "--stall_timeout and --stop_grace may be changed, the other settings may not")
     parser.add_argument("--play", type=str, metavar="RUN_DIR", default=None,
                         help="run RUN_DIR's saved policy (deterministic) and print episode returns")
-    parser.add_argument("--episodes", type=int, default=5, help="episodes for --play (default: %(default)s)")
+    parser.add_argument("--episodes", type=int, default=None,
+                        help=f"episodes for --play (default: {_PLAY_EPISODES})")
     parser.add_argument("--video", type=str, metavar="FILE", default=None,
                         help="with --play, record the episodes: FILE.mp4 (needs imageio-ffmpeg) or FILE.gif, or "
                              "FILE.png for a strip of 8 frames of the first episode (MuJoCo renders offscreen; "
                              "MUJOCO_GL=egl is used when there is no display)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    # Options of --play alone would otherwise be dropped silently from a training run.
+    if args.play is None and args.video is not None:
+        parser.error("--video needs --play RUN_DIR (it records the episodes --play runs)")
+    if args.play is None and args.episodes is not None:
+        parser.error("--episodes needs --play RUN_DIR (the episodes --play runs): to end training after N episodes, "
+                     "use --num_episodes N")
+    if args.episodes is None:
+        args.episodes = _PLAY_EPISODES
+    return args
 
 
 def launch_settings(args: argparse.Namespace, nprocs: int) -> dict:
@@ -198,6 +222,10 @@ def missing_modules(names: tuple[str, ...]) -> list[str]:
 def main() -> int:
     args = parse_args()
     if mpi_util.under_mpi_launcher():
+        if args.max_restarts and RUN_DIR_VARIABLE not in os.environ:  # not set: no train.py launched this job
+            mpi_util.print0("train.py: note: --max_restarts is ignored under a launcher (mpiexec, mpirun or srun); "
+                            "train.py restarts only a job it launched itself (python train.py ... --nprocs N)",
+                            file=sys.stderr)
         return main_in_rank(args)
     missing = missing_modules(_WORKER_MODULES if args.play else _RL_MODULES)
     if missing:
@@ -206,10 +234,15 @@ def main() -> int:
     if args.play:
         from algos.play import play
 
+        _restore_default_signal_handlers()
         return play(Path(args.play), args.episodes, args.video)
     try:
         config, run_dir, resuming = build_config(args)
         launch = launch_settings(args, config.nprocs)
+        if args.max_restarts and config.nprocs == 1:
+            raise ValueError(f"--max_restarts {args.max_restarts} needs --nprocs 2 or more: restarts are made by the "
+                             "process that launches the ranks, and a 1-process run has none (--resume RUN_DIR "
+                             "continues it after a failure)")
         if config.nprocs > 1 and "hostfile" not in launch:
             check_process_room(config.nprocs)  # before the run directory exists: a refused job leaves nothing
         run_dir = prepare_run_dir(run_dir, args.logdir, new=not resuming and RUN_DIR_VARIABLE not in os.environ)
@@ -218,6 +251,9 @@ def main() -> int:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
 
+    if _early_stop_signals:  # stopped before the job started: nothing to keep
+        print(f"train.py: stopped by signal {_early_stop_signals[0]} before training started", file=sys.stderr)
+        return 0
     os.environ[RUN_DIR_VARIABLE] = str(run_dir)
     os.environ[_TTY_VARIABLE] = "1" if mpi_util.stdout_is_terminal() else "0"
     try:
@@ -231,6 +267,13 @@ def main() -> int:
     return train(config, run_dir, resuming)  # one process: this is the only rank
 
 
+def _restore_default_signal_handlers() -> None:
+    """Python's own handling of the stop signals, for --play: Ctrl-C ends it at once."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def main_in_rank(args: argparse.Namespace) -> int:
     """A rank started by mpiexec, mpirun or srun (mpi_fork's, or the user's): rank 0 alone reads and checks the
     configuration and the run directory, and hands them to the others, so that hosts that share no filesystem with
@@ -242,6 +285,7 @@ def main_in_rank(args: argparse.Namespace) -> int:
         where = f" on rank {rank} (host {platform.node()})" if mpi_util.nworkers > 1 else ""
         mpi_util.abort(f"train.py: error{where}: {missing_modules_message(missing)}", code=2)
     if args.play:
+        _restore_default_signal_handlers()
         if rank == 0:
             from algos.play import play
 
@@ -302,42 +346,83 @@ class Counters:
 
 
 class StopRequest:
-    """Ctrl-C or SIGTERM (mpiexec passes them on to every rank): finish the iteration, checkpoint, exit cleanly.
+    """A stop request (Ctrl-C, SIGTERM, SIGHUP): finish the iteration, checkpoint, exit cleanly.
 
-    Rank 0's request decides, through the broadcast counters, so every rank stops after the same iteration. From the
-    request on, every rank waits at most ``grace_s`` (--stop_grace) for the others (mpi_util.stall_deadline): a rank
-    that hangs ends the job then, named, instead of holding it for the whole stall timeout. A second signal stops at
-    once.
+    Rank 0's request decides, through the broadcast counters, so every rank stops after the same iteration, and rank 0
+    says so at once, whatever the phase the signal lands in. From the request on, every rank waits at most ``grace_s``
+    (--stop_grace) for the others (mpi_util.stall_deadline): a rank that hangs ends the job then, named, instead of
+    holding it for the whole stall timeout.
+
+    One request per job, however many copies of the signal arrive: a scheduler's cancel reaches each rank directly,
+    through mpiexec and through mpi_fork's launching process. Only a Ctrl-C that comes after rank 0 announced the
+    stop, and more than REPEAT_S after the first request, stops at once (rank 0 ends the job, without a checkpoint).
     """
 
-    def __init__(self, grace_s: float) -> None:
-        self.grace_s = grace_s
+    REPEAT_S = 1.0  # copies of one request arrive within milliseconds; a person's second Ctrl-C comes later
+
+    def __init__(self, grace_s: float, run_dir: Path) -> None:
+        self.grace_s, self.run_dir = grace_s, run_dir
         self.signum: int | None = None
+        self.requested_at = 0.0
         self.announced = False
-        signal.signal(signal.SIGINT, self._request)
-        signal.signal(signal.SIGTERM, self._request)
+        self._requested = threading.Event()
+        # The notice comes from a thread of its own: the handler may not print (the signal may land while this rank
+        # writes to the same stream, and the write would fail with a reentrant-call RuntimeError), and the loop may
+        # be in a long rollout or update.
+        self._notifier: threading.Thread | None = None
+        if mpi_util.rank == 0:
+            self._notifier = threading.Thread(target=self._announce, name="train-stop-notice", daemon=True)
+            self._notifier.start()
+        for signum in _STOP_SIGNALS:
+            signal.signal(signum, self._request)
+        for signum in _early_stop_signals:  # what arrived before these handlers were in place
+            self._request(signum, None)
 
     def _request(self, signum: int, _frame: object) -> None:
-        # No I/O here: the signal may land while this rank writes to the same stream (its line, the progress bar),
-        # and a write from the handler then fails with a reentrant-call RuntimeError. announce() prints it.
-        if self.signum is not None:
-            raise KeyboardInterrupt  # a second signal: stop now, without a checkpoint
-        self.signum = signum
-        mpi_util.stall_deadline(self.grace_s, f"{self.grace_s:g} s after the stop request (signal {signum})")
+        if self.signum is None:
+            self.signum, self.requested_at = signum, time.monotonic()
+            mpi_util.stall_deadline(self.grace_s, f"{self.grace_s:g} s after the stop request (signal {signum})")
+            self._requested.set()
+        elif signum == signal.SIGINT and self.announced and time.monotonic() - self.requested_at > self.REPEAT_S:
+            self._stop_now()
 
-    def announce(self) -> None:
-        """Say once, from the loop, that a stop was requested."""
-        if self.signum is not None and not self.announced:
-            self.announced = True
-            mpi_util.print0(f"received signal {self.signum}: stopping after this iteration with a checkpoint "
-                            "(send it again to stop at once)")
+    def _announce(self) -> None:
+        self._requested.wait()
+        ended = mpi_util.supervise.launcher_ended
+        cause = "the launching process has ended" if ended else f"received signal {self.signum}"
+        # One write, so that the line stays whole beside the loop's own output.
+        sys.stdout.write(f"{cause}: stopping after this iteration with a checkpoint (a second Ctrl-C stops at once, "
+                         "without one)\n")
+        sys.stdout.flush()
+        self.announced = True
+
+    def _stop_now(self) -> None:
+        from algos.checkpoint import list_checkpoints
+
+        kept = list_checkpoints(self.run_dir / "checkpoints")
+        message = (f"train.py: stopped at once by a second Ctrl-C, without a final checkpoint; the last good one, "
+                   f"{kept[-1].name if kept else 'none'}, is kept: continue with python train.py --resume "
+                   f"{self.run_dir}")
+        try:
+            mpi_util.abort(message)
+        except RuntimeError:  # the signal landed in a write to stdout or stderr: say it without them
+            os.write(2, (message + "\n").encode())
+            os._exit(1)
+
+    def take(self) -> bool:
+        """Whether a stop was requested; on rank 0, once its notice is out (it comes before the stop it asks for)."""
+        if self.signum is None:
+            return False
+        if self._notifier is not None:
+            self._notifier.join(timeout=10)
+        return True
 
     @staticmethod
     def ignore_from_now_on() -> None:
-        """Training is over and checkpointed: a late Ctrl-C / SIGTERM must not kill a rank while MPI shuts down
-        (Python restores the default handlers at exit, before MPI_Finalize), which would fail a clean job."""
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        """Training is over and checkpointed: a late stop signal must not kill a rank while MPI shuts down (Python
+        restores the default handlers at exit, before MPI_Finalize), which would fail a clean job."""
+        for signum in _STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
@@ -353,7 +438,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     rank, nprocs = mpi_util.rank, mpi_util.nworkers
     mpi_util.set_global_seeds(config.seed)
     mpi_util.set_stall_timeout(config.stall_timeout)  # 0: never, as MPI_UTIL_STALL_TIMEOUT=0
-    stop = StopRequest(config.stop_grace)
+    stop = StopRequest(config.stop_grace, run_dir)
     worker, action_rng = make_rollout_worker(config, rank, seed_path=())
     obs_dim, action_space = worker.envs[0].observation_space.shape[0], worker.envs[0].action_space
     discrete = isinstance(action_space, gymnasium.spaces.Discrete)
@@ -412,10 +497,9 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
                     learner.hold(batch, new_episodes, behavior_logp, counters)
             t3 = time.monotonic()
             if learner:
-                stop.announce()
                 if not config.policy_lag:
                     stats, episodes = learner.update(counters)
-                counters.stop = counters.stop or stop.signum is not None
+                counters.stop = stop.take() or counters.stop
             t4 = time.monotonic()
             mpi_util.rank0_bcast_wts(learner_state)
             t5 = time.monotonic()

@@ -16,7 +16,8 @@ The recipe, run by every rank::
 Modules: process (ranks, printing, abort), collective (ranks meet, then data moves), host (the one-host transport:
 doorbell, shared-memory exchange, broadcast window and gather segments), stall (stall limits and who to blame),
 gather, bcast, reduce, running_stats (normalizer statistics merged over ranks), budget, gpu, launch, seeding, cpus
-(the CPUs this process was given); shm and wakeup are the shared-memory and futex primitives.
+(the CPUs this process was given), text (a few ranks named in a message, the rest counted); shm and wakeup are
+the shared-memory and futex primitives.
 """
 
 try:

@@ -45,11 +45,17 @@ _FORWARDED_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "TF_
                     "CUDA_VISIBLE_DEVICES", *_WORKER_THREADS)
 
 
-# Open MPI's mpiexec answers SIGINT / SIGTERM by killing the job (SIGTERM to every rank, SIGKILL a fraction of a second
-# later: measured 0.2 s with 5.0.11), where MPICH's hydra passes them on and waits; so a stop request could never reach
-# a checkpoint. It does pass SIGUSR1 / SIGUSR2 on, to ranks on every host: mpi_fork sends those instead, and each rank
-# turns them back into the signal they stand for.
-OPEN_MPI_SIGNAL_STAND_INS = {signal.SIGINT: signal.SIGUSR1, signal.SIGTERM: signal.SIGUSR2}
+# How mpi_fork's launching process passes a stop request on to the job's mpiexec, which passes it on to every rank (on
+# every host). Not as itself, since the launcher may get its own copy as well (a scheduler's cancel signals every
+# process of the job), and a launcher acts on a second copy: MPICH's hydra takes a second SIGINT as "abort now"
+# (SIGKILL), Open MPI's mpiexec kills the job on the first SIGINT or SIGTERM (SIGKILL 0.2 s later with 5.0.11). Both
+# pass SIGUSR1 on as it is (hydra dies of SIGUSR2, Open MPI passes it on); hydra passes every SIGTERM on. Each rank
+# turns a stand-in back into the signal it stands for (translate_stand_in_signals). A closed terminal's SIGHUP asks
+# for the stop SIGTERM asks for.
+MPICH_FORWARDED_SIGNALS = {signal.SIGINT: signal.SIGUSR1, signal.SIGTERM: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM}
+OPEN_MPI_FORWARDED_SIGNALS = {signal.SIGINT: signal.SIGUSR1, signal.SIGTERM: signal.SIGUSR2,
+                              signal.SIGHUP: signal.SIGUSR2}
+STAND_IN_SIGNALS = {signal.SIGUSR1: signal.SIGINT, signal.SIGUSR2: signal.SIGTERM}
 
 
 class MpiexecNotFoundError(RuntimeError):
@@ -121,27 +127,16 @@ def _this_program(args: Sequence[str] | None = None) -> list[str]:
     return [sys.argv[0], *args]
 
 
-def _terminate_with_parent() -> None:
-    """In the launched mpiexec: ask Linux for SIGTERM when the launching process dies (best effort)."""
-    try:
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-
-
-def translate_open_mpi_stand_in_signals() -> None:
-    """In a rank under Open MPI: act on SIGUSR1 as on SIGINT and on SIGUSR2 as on SIGTERM (OPEN_MPI_SIGNAL_STAND_INS),
-    so that ``mpi_fork``'s parent, or a user's ``kill -USR2 <mpiexec pid>``, asks the ranks to stop the way SIGTERM
-    does under MPICH. From interpreter exit on they are ignored: a late one must not kill a rank in MPI_Finalize
-    (Python puts back the default action of its handled signals, which for these is to terminate)."""
-    for meant, stand_in in OPEN_MPI_SIGNAL_STAND_INS.items():
+def translate_stand_in_signals() -> None:
+    """In a rank: act on SIGUSR1 as on SIGINT and on SIGUSR2 as on SIGTERM (STAND_IN_SIGNALS), the stand-ins that
+    ``mpi_fork``'s launching process sends, or a user's ``kill -USR1 <mpiexec pid>`` (Ctrl-C) or ``kill -USR2 <mpiexec
+    pid>`` under Open MPI (SIGTERM). From interpreter exit on they are ignored: a late one must not kill a rank in
+    MPI_Finalize (Python puts back the default action of its handled signals, which for these is to terminate)."""
+    for stand_in, meant in STAND_IN_SIGNALS.items():
         signal.signal(stand_in, lambda _signum, _frame, meant=meant: signal.raise_signal(meant))
 
     def ignore_stand_ins() -> None:
-        for stand_in in OPEN_MPI_SIGNAL_STAND_INS.values():
+        for stand_in in STAND_IN_SIGNALS:
             signal.signal(stand_in, signal.SIG_IGN)
 
     atexit.register(ignore_stand_ins)
@@ -212,9 +207,11 @@ def mpi_fork(
     launcher's format (MPICH: ``host:slots`` lines; Open MPI: ``host slots=N`` lines), passed as ``-f`` to MPICH
     and as ``--hostfile`` with ``--map-by slot`` to Open MPI. Under Open MPI, --oversubscribe (more ranks than
     cores), --allow-run-as-root when running as root, OPEN_MPI_DEFAULTS in the environment, and ``-x`` for the
-    variables ranks on other hosts need are added; MPICH needs none of it. Ctrl-C / SIGTERM to the parent are
-    passed on to the job (under Open MPI as SIGUSR1 / SIGUSR2, which every rank turns back into SIGINT / SIGTERM:
-    Open MPI's mpiexec would kill the job at once on SIGINT / SIGTERM).
+    variables ranks on other hosts need are added; MPICH needs none of it. Ctrl-C, SIGTERM and SIGHUP to the parent are
+    passed on to the job as a stop request (Ctrl-C as SIGUSR1, SIGTERM and SIGHUP as SIGTERM, under Open MPI as
+    SIGUSR2; every rank turns these back into SIGINT and SIGTERM): the launchers act on a second copy of SIGINT or
+    SIGTERM at once, and a scheduler may send the launcher its own copy. If the parent dies (SIGKILL, the OOM
+    killer), each rank on its host sends itself SIGTERM, and cleans up at its end what the parent would have.
 
     When the job fails, one line on stderr names the rank that ended it and its host (mpiexec names only a process
     id). max_restarts: relaunch a failed job up to this many times; not after a clean end, not after exit status 2
@@ -222,7 +219,8 @@ def mpi_fork(
     each restart with a ``JobFailure``; returns the arguments to run the script with this time (what follows the
     script's name), or None to end without restarting; it says what it does. Default: the same arguments, said as
     "mpi_util: <cause>; restarting (restart 1 of K)". The ranks' files that MPI leaves in /dev/shm after an abnormal
-    end are removed. ValueError, before anything starts, when ``n`` exceeds this user's process limit (ulimit -u);
+    end are removed. ValueError, before anything starts, when ``n`` ranks, with their threads, exceed this user's
+    process limit (ulimit -u) or a cgroup's (pids.max: containers, systemd, batch schedulers);
     a one-line warning when ``n`` exceeds 4 per CPU this process may use (both only for a job on this host alone).
     """
     if isinstance(n, bool) or not isinstance(n, int):
@@ -238,8 +236,8 @@ def mpi_fork(
     if under_mpi_launcher():
         install_abort_on_exception()
         settle_local_rank()
-        if mpi_library_is_open_mpi() and threading.current_thread() is threading.main_thread():
-            translate_open_mpi_stand_in_signals()
+        if threading.current_thread() is threading.main_thread():
+            translate_stand_in_signals()
         record_rank(COMM_WORLD.Get_rank(), lambda record: COMM_WORLD.gather(record, root=0))
         return ForkResult("child")
     release_own_shared_memory()
@@ -261,13 +259,16 @@ def mpi_fork(
     running: list[subprocess.Popen] = []  # the job now running, for the signal handler
     stop_requested = False
 
+    forwarded_as = OPEN_MPI_FORWARDED_SIGNALS if open_mpi else MPICH_FORWARDED_SIGNALS
+
     def forward(signum: int, _frame: FrameType | None) -> None:
         nonlocal stop_requested
         stop_requested = True
         if running:
-            running[0].send_signal(OPEN_MPI_SIGNAL_STAND_INS.get(signum, signum) if open_mpi else signum)
+            running[0].send_signal(forwarded_as[signum])
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Also SIGHUP: without a handler of ours, UCX's (loaded with MPI) catches it and prints its debug report.
+    previous = {sig: signal.signal(sig, forward) for sig in forwarded_as}
     program_args: Sequence[str] | None = None
     try:
         for restart in range(max_restarts + 1):
@@ -307,8 +308,9 @@ def _run_job(n: int, launcher: str, open_mpi: bool, env: dict[str, str], program
         env = {**env, JOB_DIR_VARIABLE: str(watch.directory)}
         command = mpiexec_command(n, [sys.executable, "-u", *program], mpiexec_args, hostfile, launcher, open_mpi, env)
         # The job gets its own session, so a Ctrl-C at the terminal reaches it once, forwarded by this process
-        # (mpiexec treats a second Ctrl-C as "abort now"); and it is told to stop if this process dies.
-        job = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_terminate_with_parent)
+        # (mpiexec treats a second Ctrl-C as "abort now"). Should this process die, the job goes on: each rank on this
+        # host sees its connection to this process close, and stops as on SIGTERM (supervise.record_rank).
+        job = subprocess.Popen(command, env=env, start_new_session=True)
         running[:] = [job]
         returncode = job.wait()
         running.clear()

@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 from .collective import meet_and_exchange, signature_digest
 from .process import COMM_WORLD
+from .text import name_ranks
 
 
 def _reduction_buffer(x: Any, what: str) -> tuple[np.ndarray, np.dtype]:
@@ -30,8 +31,11 @@ def _allreduce_sum(x: Any, comm: MPI.Comm, what: str) -> np.ndarray:
         return sendbuf.astype(out_dtype, copy=False)
     digests = meet_and_exchange(comm, [signature_digest((sendbuf.shape, sendbuf.dtype.str))], what)
     if np.any(digests[:, 0] != digests[0, 0]):
-        shapes = comm.allgather((sendbuf.shape, str(out_dtype)))
-        raise ValueError(f"{what}: ranks passed different shapes or dtypes {shapes}; every rank must pass the same")
+        shapes = comm.allgather(f"{sendbuf.shape} {out_dtype}")
+        differ = [r for r in range(len(shapes)) if digests[r, 0] != digests[0, 0]]
+        others = f" ({name_ranks(differ[1:])} differ from rank 0 too)" if len(differ) > 1 else ""
+        raise ValueError(f"{what}: ranks passed different shapes or dtypes: rank 0 {shapes[0]}, rank {differ[0]} "
+                         f"{shapes[differ[0]]}{others}; every rank must pass the same")
     recvbuf = np.empty_like(sendbuf)
     comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM)  # every rank has arrived: blocking is short
     return recvbuf.astype(out_dtype, copy=False)

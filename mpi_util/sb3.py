@@ -66,6 +66,7 @@ from .process import COMM_WORLD
 from .reduce import all_sum
 from .running_stats import Moments, merge_moments, read_moments, write_moments
 from .seeding import rank_seed
+from .text import few
 
 # The per-step arrays of SB3's and sb3-contrib's on-policy rollout buffers, each with the axis that indexes envs:
 # (n_steps, n_envs, ...) except the recurrent buffer's LSTM states, (n_steps, n_layers, n_envs, hidden_size).
@@ -391,7 +392,7 @@ def _agree(comm: MPI.Comm, failure: Exception | None, value: int) -> list[int]:
     if failure is not None:
         raise failure
     if failed:
-        raise RuntimeError("parallelize failed on " + "; ".join(f"rank {r}: {text}" for r, text in failed)
+        raise RuntimeError("parallelize failed on " + few((f"rank {r}: {text}" for r, text in failed), "and", "; ")
                            + "; every rank stops here")
     return outcomes
 

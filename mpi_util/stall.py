@@ -41,6 +41,7 @@ from mpi4py import MPI
 
 from .process import COMM_WORLD
 from .shm import shared_int64
+from .text import few
 
 AUTO_WARMUP_CALLS = 2
 AUTO_STARTUP_S = 120.0
@@ -294,7 +295,8 @@ class StallWatch:
         if reason:
             message += f", {reason}"
         missing: list[str] = []
-        for s in suspects:
+        # The blamed first (stable, so in rank order): a large job's message names only a few.
+        for s in sorted(suspects, key=lambda s: s not in blamed):
             if s.rank < 0:
                 continue
             text = f"rank {s.rank}{where(s.rank)} has not arrived"
@@ -307,7 +309,7 @@ class StallWatch:
                 details.append(f"still advancing, last progress {s.silent_s:.0f} s ago")
             missing.append(f"{text} ({'; '.join(details)})")
         if missing:
-            message += ": " + "; ".join(missing)
+            message += ": " + few(missing, "and", "; ")
         if note:
             message += f"; {note}"
         if reason:

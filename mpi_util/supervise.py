@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cpus import cpus_available
+from .text import few, name_ranks
 
 JOB_DIR_VARIABLE = "MPI_UTIL_JOB_DIR"
 _SHARED_MEMORY = "/dev/shm"
@@ -34,6 +35,8 @@ RANKS_PER_CPU_WARNING = 4
 
 _recorded_rank: int | None = None
 _watch_connection: socket.socket | None = None  # held open for this rank's life
+launcher_ended = False
+"""In a rank on the launching process's host: True once that process has died before the job ended."""
 WATCH_SOCKET = "watch.sock"
 
 
@@ -120,7 +123,8 @@ def record_rank(rank: int, gather: Callable[[dict], list[dict] | None] | None = 
 
 def _connect_to_watch(path: Path, rank: int) -> None:
     """Connect to the launching process's watch socket and say which rank this is; the connection stays open for
-    as long as this process lives, and its closing tells the launching process that the rank has ended."""
+    as long as this process lives, and its closing tells the launching process that the rank has ended. It tells this
+    rank, too, when the launching process has ended (see _wait_for_launcher_end)."""
     global _watch_connection
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -130,6 +134,36 @@ def _connect_to_watch(path: Path, rank: int) -> None:
         connection.close()
         return
     _watch_connection = connection
+    threading.Thread(target=_wait_for_launcher_end, args=(connection,), name="mpi_util-launcher-watch",
+                     daemon=True).start()
+
+
+def _wait_for_launcher_end(connection: socket.socket) -> None:
+    """Until the launching process closes its end (it never writes): then it has died (SIGKILL, the OOM killer; a
+    launching process that ends normally waits for the job first). Its job goes on without it under mpiexec, so this
+    rank asks itself to stop as a scheduler would, with SIGTERM (a rank with a stop handler, like train.py's, ends
+    with a checkpoint; one without ends at once), and cleans up at its end what the launching process would have."""
+    global launcher_ended
+    try:
+        while connection.recv(64):
+            pass
+    except OSError:
+        return  # this rank closed it: it is ending
+    launcher_ended = True
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _clean_up_for_the_ended_launcher() -> None:
+    """The launching process has died, so nothing removes the job's records or the /dev/shm files MPI made for this
+    host's ranks: each rank removes what it can as it ends (the files it has mapped stay usable by the others)."""
+    for path in mapped_shared_memory():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    directory = os.environ.get(JOB_DIR_VARIABLE)
+    if directory:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def note_exit(how: str) -> None:
@@ -137,6 +171,9 @@ def note_exit(how: str) -> None:
     process does not take it for killed. Best effort."""
     directory = os.environ.get(JOB_DIR_VARIABLE)
     if directory is None or _recorded_rank is None:
+        return
+    if launcher_ended:
+        _clean_up_for_the_ended_launcher()
         return
     try:
         _write_json(Path(directory) / f"ended_{_recorded_rank}.json", {"how": how, "time": time.time()})
@@ -213,7 +250,7 @@ class JobWatch:
         return notes
 
     def _watch(self, listener: socket.socket) -> None:
-        """Until told to stop: accept each local rank's connection (its rank number comes first) and wait for the
+        """Until told to stop: accept each local rank's connection (its rank number comes first) and note the
         first to close. A rank's sockets close as it dies, before the launcher can learn of it (the launcher learns
         from its pipes and sockets closing) and kill the others, so the first to close is the rank that ended first.
         """
@@ -237,9 +274,10 @@ class JobWatch:
                         connection.close()
                         if rank is not None:
                             ended.append(rank)
-                if ended:
+                if ended and not self.ended_first:
                     self.ended_first = sorted(ended)
-                    return
+                    # The others' connections stay open until the job has ended: a rank takes its connection
+                    # closing for this process's death.
         except (OSError, ValueError):
             return
         finally:
@@ -259,11 +297,13 @@ class JobWatch:
         self._wake_write = -1
 
     def _where(self, ranks: list[int], records: dict[int, dict]) -> str:
-        names = " or ".join(str(r) for r in ranks)
+        # Several ranks when they ended at once (all of them, when the OOM killer takes a whole job): one of them
+        # ended first, so "or", and only a few named.
+        names = few(ranks, "or")
         hosts = sorted({records[r]["host"] for r in ranks if r in records})
-        pids = [str(records[r]["pid"]) for r in ranks if r in records]
-        place = f"on host {', '.join(hosts)}" if hosts else "host unknown"
-        return f"rank {names} ({place}, pid {' or '.join(pids)})" if pids else f"rank {names} ({place})"
+        pids = [records[r]["pid"] for r in ranks if r in records]
+        place = f"on host {few(hosts, 'or')}" if hosts else "host unknown"
+        return f"rank {names} ({place}, pid {few(pids, 'or')})" if pids else f"rank {names} ({place})"
 
     def describe_failure(self, returncode: int) -> str:
         """One line on how the job ended with ``returncode`` != 0, naming the rank that ended it and its host where
@@ -275,13 +315,14 @@ class JobWatch:
         first = self.ended_first
         elsewhere = sorted({record["host"] for record in records.values() if record["host"] != self.host})
         unrecorded = sorted(set(range(self.n)) - set(records))
+        they = "they" if len(unrecorded) > 1 else "it"
         # mpiexec kills the other ranks (SIGKILL) once one has ended: this host's first may be a rank killed so.
-        far = ", ".join(f"rank {r} on {record['host']} pid {record['pid']}" for r, record in sorted(records.items())
-                        if record["host"] != self.host)
+        far = few(f"rank {r} on {record['host']} pid {record['pid']}" for r, record in sorted(records.items())
+                  if record["host"] != self.host)
         caveat = (f"; ranks on other hosts cannot be watched from here and may have ended first ({far}; mpiexec "
                   "names the process id that ended first)" if elsewhere else
-                  f"; rank {', '.join(map(str, unrecorded))} did not say where it runs (another host without a shared "
-                  "filesystem, or it ended before calling mpi_fork)" if unrecorded else "")
+                  f"; {name_ranks(unrecorded)} did not say where {they} ran (another host without a shared filesystem, "
+                  f"or {they} ended before calling mpi_fork)" if unrecorded else "")
         if first:
             signum = _signal_in_status(returncode)
             if all(rank in notes for rank in first):
@@ -333,10 +374,89 @@ def _tasks_of_user(uid: int) -> int:
     return count
 
 
+# Tasks (processes and threads: what RLIMIT_NPROC and a cgroup's pids.max count) that a job of n ranks adds, as
+# measured with `train.py CartPole-v1 --nprocs 3` under MPICH (Threads in /proc/PID/status): each worker rank 3 (its
+# main thread, MPI's "async" progress thread and the thread that watches for the launching process's end; BLAS and
+# OpenMP get one thread there), rank 0 8 (TensorFlow's graph runner and two compute threads, another Python thread and
+# the stop notice's, on top), mpiexec 1, its hydra_pmi_proxy 1 and the launching process 3 (its job-watch thread).
+# Rank 0 is budgeted 2 more: TensorFlow on another machine, or a GPU's query, may start a few more.
+TASKS_PER_WORKER = 3
+TASKS_OF_RANK0 = 10
+TASKS_OF_LAUNCHER = 3
+
+
+def tasks_of_job(n: int) -> int:
+    """The tasks (processes and threads) a job of ``n`` ranks adds to this host, launcher included."""
+    return TASKS_OF_RANK0 + TASKS_PER_WORKER * (n - 1) + TASKS_OF_LAUNCHER
+
+
+def _ranks_that_fit(tasks: int) -> int:
+    """The most ranks a job may have when ``tasks`` more tasks may start (0: not even one)."""
+    spare = tasks - TASKS_OF_RANK0 - TASKS_OF_LAUNCHER
+    return spare // TASKS_PER_WORKER + 1 if spare >= 0 else 0
+
+
+def _advice(tasks: int) -> str:
+    """What to do when only ``tasks`` more tasks may start."""
+    fit = _ranks_that_fit(tasks)
+    return f"ask for at most {fit}, or raise the limit" if fit >= 2 else "raise the limit"
+
+
+_CGROUP_MOUNT = Path("/sys/fs/cgroup")
+
+
+def _read_int(path: Path) -> int | None:
+    """The number in ``path``; None where it is missing, unreadable or says "max" (no limit)."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def cgroup_pids_limits() -> list[tuple[Path, int, int]]:
+    """Each cgroup pids limit that holds this process: (the cgroup's directory, pids.max, pids.current) for its own
+    cgroup and each parent that sets one (a parent's limit counts its children's tasks too), under cgroup v1 (the
+    pids hierarchy) and v2 (mounted at /sys/fs/cgroup, or at /sys/fs/cgroup/unified beside v1). [] where none is set
+    or /proc and /sys cannot be read."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    hierarchies = []  # (mount point, this process's cgroup path in it)
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # the v2 line, "0::/path"
+            hierarchies += [(_CGROUP_MOUNT, path), (_CGROUP_MOUNT / "unified", path)]
+        elif "pids" in controllers.split(","):
+            hierarchies.append((_CGROUP_MOUNT / controllers, path))
+    limits = []
+    for mount, path in hierarchies:
+        directory = mount / path.lstrip("/")
+        while True:
+            limit, current = _read_int(directory / "pids.max"), _read_int(directory / "pids.current")
+            if limit is not None and current is not None:
+                limits.append((directory, limit, current))
+            if directory == mount:
+                break
+            directory = directory.parent
+    return limits
+
+
 def check_process_room(n: int) -> None:
-    """ValueError with a one-line reason when this user may not start ``n`` more processes (RLIMIT_NPROC, ``ulimit
-    -u``): beyond it mpiexec fails part-way with pages of launcher errors. Root is not held to the limit by the
-    kernel, but a request beyond it is refused all the same."""
+    """ValueError with a one-line reason when a job of ``n`` ranks does not fit this process's limits: the cgroup
+    pids limits that hold it (containers, systemd and batch schedulers set one) and this user's RLIMIT_NPROC
+    (``ulimit -u``). Beyond either, mpiexec fails part-way with pages of launcher errors. Each rank counts with its
+    threads (``tasks_of_job``). Root is not held to RLIMIT_NPROC by the kernel, but a request beyond it is refused
+    all the same; a cgroup holds root too."""
+    needed = tasks_of_job(n)
+    for directory, limit, current in cgroup_pids_limits():
+        if needed > limit - current:
+            raise ValueError(f"{n} processes requested, but {directory / 'pids.max'} allows {limit} tasks, {current} "
+                             f"in use, and each process takes {TASKS_PER_WORKER} or more (its threads): "
+                             f"{_advice(limit - current)}")
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
     if soft == resource.RLIM_INFINITY:
         return
@@ -345,9 +465,10 @@ def check_process_room(n: int) -> None:
                          f"most {soft}, or raise the limit")
     if os.geteuid() != 0:
         running = _tasks_of_user(os.getuid())
-        if running + n + 2 > soft:  # + mpiexec and its proxy
-            raise ValueError(f"{n} processes requested, but this user may run at most {soft} (ulimit -u) and runs "
-                             f"{running} already: ask for at most {max(soft - running - 2, 0)}, or raise the limit")
+        if running + needed > soft:
+            raise ValueError(f"{n} processes requested, but this user may run at most {soft} tasks (ulimit -u) and "
+                             f"runs {running} already, and each process takes {TASKS_PER_WORKER} or more (its "
+                             f"threads): {_advice(soft - running)}")
 
 
 def oversubscription_warning(n: int) -> str | None:
