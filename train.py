@@ -54,6 +54,7 @@ from algos.run_dir import RUN_DIR_VARIABLE, RunDirInUseError, RunDirLock, lock_r
 from algos.versions import stack_versions  # noqa: E402
 from mpi_util.supervise import check_process_room  # noqa: E402
 
+RANK0_REPORT_S = 30.0  # how long a rank that saw another stall leaves rank 0 to end the job, saying why
 _PLAY_EPISODES = 5  # --play's episodes when --episodes is not given
 _TTY_VARIABLE = "MPI_BATCH_RL_TTY"  # ranks' stdout is a pipe to mpiexec; the parent says if the user has a terminal
 
@@ -267,6 +268,17 @@ def main() -> int:
     return train(config, run_dir, resuming)  # one process: this is the only rank
 
 
+def resume_note(run_dir: Path) -> str:
+    """What is kept of a run that ends early, and how to go on from it."""
+    from algos.checkpoint import list_checkpoints
+
+    kept = list_checkpoints(run_dir / "checkpoints")
+    if not kept:
+        return (f"no checkpoint was written yet: the run starts again from the beginning (in a new run directory; "
+                f"{run_dir} can be removed)")
+    return f"the last good checkpoint, {kept[-1].name}, is kept: continue with python train.py --resume {run_dir}"
+
+
 def _restore_default_signal_handlers() -> None:
     """Python's own handling of the stop signals, for --play: Ctrl-C ends it at once."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -397,12 +409,8 @@ class StopRequest:
         self.announced = True
 
     def _stop_now(self) -> None:
-        from algos.checkpoint import list_checkpoints
-
-        kept = list_checkpoints(self.run_dir / "checkpoints")
-        message = (f"train.py: stopped at once by a second Ctrl-C, without a final checkpoint; the last good one, "
-                   f"{kept[-1].name if kept else 'none'}, is kept: continue with python train.py --resume "
-                   f"{self.run_dir}")
+        message = ("train.py: stopped at once by a second Ctrl-C, without a final checkpoint; "
+                   + resume_note(self.run_dir))
         try:
             mpi_util.abort(message)
         except RuntimeError:  # the signal landed in a write to stdout or stderr: say it without them
@@ -514,14 +522,14 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
                            elapsed_s=elapsed_before + time.monotonic() - started)
                 checkpointed = counters.iteration
     except mpi_util.CollectiveStallError as error:
-        if stop.signum is None:
-            raise
-        from algos.checkpoint import list_checkpoints
-
-        kept = list_checkpoints(run_dir / "checkpoints")
-        mpi_util.abort(f"train.py: {error}. The job ends without a final checkpoint; the last good one, "
-                       f"{kept[-1].name if kept else 'none'}, is kept: continue with "
-                       f"python train.py --resume {run_dir}")
+        # Every rank waiting for the late one sees the stall: rank 0 says it, once, unless it is late itself. The
+        # others give it RANK0_REPORT_S to do so (rank 0 waits in every collective, so it sees the stall too).
+        if rank != 0 and 0 not in error.late_ranks:
+            waited_since = time.monotonic()
+            while time.monotonic() - waited_since < RANK0_REPORT_S:
+                time.sleep(0.5)
+        mpi_util.abort(f"train.py: error: {error}. The job ends without a final checkpoint; {resume_note(run_dir)}",
+                       late_ranks=error.late_ranks)
 
     stop.ignore_from_now_on()
     if learner:

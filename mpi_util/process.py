@@ -10,7 +10,7 @@ import sys
 import termios
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from mpi4py import MPI
@@ -136,12 +136,14 @@ def _launcher_stdout() -> bool | None:
     return None
 
 
-def abort(message: str, code: int = 1) -> NoReturn:
+def abort(message: str, code: int = 1, late_ranks: Sequence[int] = ()) -> NoReturn:
     """Print ``message`` to stderr and end the whole MPI job (every rank) with exit status ``code``. Never returns.
 
     For a rank that cannot go on while the others are, or soon will be, waiting for it in a collective.
+    late_ranks: the ranks the job ends for, when they stopped making progress (CollectiveStallError.late_ranks):
+    mpi_fork's launching process then names them, not this rank, in its last line.
     """
-    note_exit("aborted")  # for the launching process: this rank ended the job, it was not killed
+    note_exit("aborted", late_ranks)  # for the launching process: this rank ended the job, it was not killed
     sys.stdout.flush()
     sys.stderr.write(message.rstrip("\n") + "\n")
     sys.stderr.flush()
@@ -194,6 +196,6 @@ def install_abort_on_exception() -> None:
         summary = "".join(traceback.format_exception_only(exc_type, exc)).strip()
         abort(f"mpi_util: uncaught exception on rank {COMM_WORLD.Get_rank()} (on {MPI.Get_processor_name()}), "
               f"aborting all ranks: {summary}\n"
-              + "".join(traceback.format_exception(exc_type, exc, tb)))
+              + "".join(traceback.format_exception(exc_type, exc, tb)), late_ranks=getattr(exc, "late_ranks", ()))
 
     sys.excepthook = abort_hook

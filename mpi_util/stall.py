@@ -59,7 +59,13 @@ _STARTUP_VARIABLE = "MPI_UTIL_STALL_STARTUP"
 
 
 class CollectiveStallError(RuntimeError):
-    """A rank waited for the others to reach a collective while one of them showed no progress for the limit."""
+    """A rank waited for the others to reach a collective while one of them showed no progress for the limit (or
+    past a deadline, such as a stop request's grace)."""
+
+    def __init__(self, message: str, late_ranks: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.late_ranks: list[int] = late_ranks or []
+        """The ranks that had not arrived and showed no progress (or, past a deadline, had not arrived)."""
 
 
 def parse_stall_timeout(text: str, name: str = _STALL_VARIABLE) -> float | str | None:
@@ -265,7 +271,8 @@ class StallWatch:
             if self.deadline is not None and self.deadline[0] <= now:
                 suspects = self._suspects(sequence, started, now, late)
                 raise CollectiveStallError(self._message(what, sequence, now - started, self.deadline[1],
-                                                         suspects, [], note))
+                                                         suspects, [], note),
+                                           [s.rank for s in suspects if s.rank >= 0])
             if now >= next_check and self.limit is not None:
                 suspects = self._suspects(sequence, started, now, late)
                 blamed = [s for s in suspects if s.silent_s >= self._allowed_s(s, warm_up) + extra_s
@@ -274,7 +281,7 @@ class StallWatch:
                     break
                 if blamed:
                     raise CollectiveStallError(self._message(what, sequence, now - started, None, suspects, blamed,
-                                                             note))
+                                                             note), [s.rank for s in blamed if s.rank >= 0])
                 self._waiting(now)
                 for s in suspects:
                     if s.ticks:

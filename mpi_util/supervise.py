@@ -21,7 +21,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,7 +166,7 @@ def _clean_up_for_the_ended_launcher() -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def note_exit(how: str) -> None:
+def note_exit(how: str, late_ranks: Sequence[int] = ()) -> None:
     """In a recorded rank: note that it ends by itself (``how``: "exited" or "aborted"), so that the launching
     process does not take it for killed. Best effort."""
     directory = os.environ.get(JOB_DIR_VARIABLE)
@@ -176,7 +176,8 @@ def note_exit(how: str) -> None:
         _clean_up_for_the_ended_launcher()
         return
     try:
-        _write_json(Path(directory) / f"ended_{_recorded_rank}.json", {"how": how, "time": time.time()})
+        _write_json(Path(directory) / f"ended_{_recorded_rank}.json",
+                    {"how": how, "time": time.time(), "late_ranks": list(late_ranks)})
     except OSError:
         pass
 
@@ -296,14 +297,14 @@ class JobWatch:
         os.close(self._wake_write)
         self._wake_write = -1
 
-    def _where(self, ranks: list[int], records: dict[int, dict]) -> str:
+    def _where(self, ranks: list[int], records: dict[int, dict], joiner: str = "or") -> str:
         # Several ranks when they ended at once (all of them, when the OOM killer takes a whole job): one of them
         # ended first, so "or", and only a few named.
-        names = few(ranks, "or")
+        names = few(ranks, joiner)
         hosts = sorted({records[r]["host"] for r in ranks if r in records})
         pids = [records[r]["pid"] for r in ranks if r in records]
-        place = f"on host {few(hosts, 'or')}" if hosts else "host unknown"
-        return f"rank {names} ({place}, pid {few(pids, 'or')})" if pids else f"rank {names} ({place})"
+        place = f"on host {few(hosts, joiner)}" if hosts else "host unknown"
+        return f"rank {names} ({place}, pid {few(pids, joiner)})" if pids else f"rank {names} ({place})"
 
     def describe_failure(self, returncode: int) -> str:
         """One line on how the job ended with ``returncode`` != 0, naming the rank that ended it and its host where
@@ -311,7 +312,12 @@ class JobWatch:
         records, notes = self.ranks(), self._notes()
         aborted = sorted((note["time"], rank) for rank, note in notes.items() if note.get("how") == "aborted")
         if aborted:
-            return f"{self._where([aborted[0][1]], records)} aborted the job (exit status {returncode})"
+            by = aborted[0][1]
+            late = [int(r) for r in notes[by].get("late_ranks", [])]
+            if late:  # the rank that ended the job did so because these stopped making progress: they come first
+                return (f"{self._where(late, records, 'and')} stopped making progress, and {name_ranks([by])} "
+                        f"ended the job (exit status {returncode})")
+            return f"{self._where([by], records)} aborted the job (exit status {returncode})"
         first = self.ended_first
         elsewhere = sorted({record["host"] for record in records.values() if record["host"] != self.host})
         unrecorded = sorted(set(range(self.n)) - set(records))

@@ -4,6 +4,7 @@ rank, Ctrl-C / SIGTERM, a stalled rank, NaN rewards, corrupted checkpoints, a fu
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,6 +67,11 @@ def test_stalled_rank_aborts_job_naming_it(tmp_path):
     assert result.returncode != 0
     assert "no progress for 20 s in rank0_accum_batches" in result.stderr
     assert "rank 1 has not arrived (last entered rank0_bcast_wts" in result.stderr
+    # Said once, by rank 0, in train.py's own line, and the job's last line names the rank that stalled.
+    assert result.stderr.count("train.py: error: ") == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"mpi_util: rank 1 \(on host \S+, pid \d+\) stopped making progress, and rank 0 ended the job "
+                        r"\(exit status 1\)", last), last
     assert_no_process_left(tmp_path)
 
 
@@ -111,7 +117,7 @@ def test_stop_request_with_a_hung_rank_ends_the_job_within_the_grace_naming_it(t
     assert job.returncode != 0
     assert ended_after_s < 5 + 20, ended_after_s
     assert "5 s after the stop request (signal 15): rank 1 has not arrived" in stderr, stderr[-3000:]
-    assert "the last good one, ckpt_00000001.pkl, is kept" in stderr
+    assert "the last good checkpoint, ckpt_00000001.pkl, is kept" in stderr
     assert_no_process_left(tmp_path)
 
 
