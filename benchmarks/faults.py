@@ -15,7 +15,7 @@ What it does:
    - ``kill_rank``: SIGKILL one rank (0, 1 or 2, at random; found as a descendant of the launcher with PMI_RANK set);
    - ``kill_tree``: SIGKILL every process of the job at once (launcher, mpiexec, proxy, ranks), as a machine crash;
    - ``kill_launcher_group``: SIGKILL the process group of the launching ``train.py`` (mpiexec runs in a session of
-     its own, so this kills the launcher only; the job is told by PR_SET_PDEATHSIG and stops on its own);
+     its own, so this kills the launcher only; the ranks see its end and stop on their own, with a checkpoint);
    - ``sigint`` / ``sigterm``: the signal to the launching ``train.py``, as Ctrl-C or a scheduler's preemption;
    - ``corrupt_after_kill``: ``kill_rank`` or ``kill_tree``, then the newest checkpoint is truncated at a random byte
      or has 1-8 random bytes flipped.

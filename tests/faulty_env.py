@@ -10,6 +10,8 @@ others waiting in the window's creation until killed). FAULT_AFTER_FILE (a glob)
 instead of racing the failure. FAULT_ONCE_MARKER (a path) makes the fault happen once: the rank creates the file
 as it fails, and fails no more while it exists. FAULT_KIND=kill with FAULT_REPORT_DIR writes the rank's pid and the
 /dev/shm files it has mapped (named or not) to FAULT_REPORT_DIR/killed_RANK.json first.
+FAULT_KIND=reset makes the chosen rank's reset raise once it has taken FAULT_AT_STEP steps (an env that cannot
+start another episode).
 FAULT_KIND=slow makes the chosen rank's env take FAULT_SLOW_S longer per step from FAULT_AT_STEP on (a slow simulator).
 FAULT_KIND=report_modules makes every rank write, at its first step, which of tensorflow, keras and torch it has
 imported and its resident memory to FAULT_REPORT_DIR/modules_RANK.json. Without FAULT_KIND it is a plain Pendulum-v1.
@@ -83,6 +85,14 @@ class FaultyPendulum(gymnasium.Wrapper):
             if kind == "nan":
                 reward = float("nan")
         return obs, reward, terminated, truncated, info
+
+
+    def reset(self, **kwargs):
+        rank = launched_rank() or 0
+        if (os.environ.get("FAULT_KIND") == "reset" and rank == int(os.environ["FAULT_RANK"])
+                and self.steps >= int(os.environ["FAULT_AT_STEP"])):
+            raise RuntimeError(f"injected failure of reset after step {self.steps}")
+        return self.env.reset(**kwargs)
 
 
 gymnasium.register("FaultyPendulum-v0", entry_point=FaultyPendulum, max_episode_steps=200)
