@@ -16,9 +16,12 @@ The recipe, run by every rank::
 Modules: process (ranks, printing, abort), collective (ranks meet, then data moves), host (the one-host transport:
 doorbell, shared-memory exchange, broadcast window and gather segments), stall (stall limits and who to blame),
 gather, bcast, reduce, running_stats (normalizer statistics merged over ranks), budget, gpu, launch, seeding, cpus
-(the CPUs this process was given), text (a few ranks named in a message, the rest counted); shm and wakeup are
-the shared-memory and futex primitives.
+(the CPUs this process was given), text (a few ranks named in a message, the rest counted), children (a
+multiprocessing child of a rank: no MPI there); shm and wakeup are the shared-memory and futex primitives.
 """
+
+# First: in a multiprocessing child of a rank (SubprocVecEnv's envs, a Pool's workers), MPI must not be initialized.
+from . import children  # noqa: F401
 
 try:
     from mpi4py import MPI  # noqa: F401  (loads the MPI library now, so that its absence is one line, here)

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
 
+from .children import FORKED_MARKER, LAUNCHER_VARIABLES, in_child_of_rank
 from .process import COMM_WORLD, install_abort_on_exception, mpi_library_is_open_mpi, settle_local_rank
 from .supervise import (
     JOB_DIR_VARIABLE,
@@ -23,10 +24,6 @@ from .supervise import (
     record_rank,
     release_own_shared_memory,
 )
-
-# Set by mpiexec / mpirun / srun in every rank they start (MPICH Hydra, Open MPI, PMIx, Slurm's PMI).
-_LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID")
-_FORKED_MARKER = "MPI_UTIL_FORKED"
 
 # In the workers (ranks 1..n-1): one BLAS / OpenMP thread each, since n ranks share the cores. Rank 0 keeps the
 # launching environment's settings: its learner (TensorFlow, torch, numpy) uses the cores while the workers wait.
@@ -75,7 +72,8 @@ class ForkResult(str):
 
 def under_mpi_launcher() -> bool:
     """True when this process was started by mpiexec, mpirun or srun (or is already part of a larger job)."""
-    return COMM_WORLD.Get_size() > 1 or any(name in os.environ for name in (*_LAUNCHER_VARIABLES, _FORKED_MARKER))
+    # The variables first: in a multiprocessing child of a rank, which has them, COMM_WORLD is not to be used.
+    return any(name in os.environ for name in (*LAUNCHER_VARIABLES, FORKED_MARKER)) or COMM_WORLD.Get_size() > 1
 
 
 def _loaded_mpi_library_path() -> str | None:
@@ -192,7 +190,9 @@ def mpi_fork(
 
     Returns "child" in each rank (and, without relaunching, when n == 1 or when a launcher such as mpiexec,
     mpirun or srun already started this process); returns "parent" in the launching process once the job has
-    ended, with the job's exit status in ``.returncode`` (nonzero when any rank failed). Typical use::
+    ended, with the job's exit status in ``.returncode`` (nonzero when any rank failed). In a multiprocessing child of
+    a rank (the spawn and forkserver methods run the script's top again there) returns "child" at once, doing
+    nothing. Typical use::
 
         result = mpi_fork(args.nprocs)
         if result == "parent":
@@ -223,6 +223,8 @@ def mpi_fork(
     process limit (ulimit -u) or a cgroup's (pids.max: containers, systemd, batch schedulers);
     a one-line warning when ``n`` exceeds 4 per CPU this process may use (both only for a job on this host alone).
     """
+    if in_child_of_rank:  # a multiprocessing child of a rank re-running the script's top: the rank has forked
+        return ForkResult("child")
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"mpi_fork: number of processes must be an integer, got {n!r}")
     if n < 1:
@@ -251,7 +253,7 @@ def mpi_fork(
     open_mpi = mpi_library_is_open_mpi()
     launcher = mpiexec or find_mpiexec()
     env = dict(os.environ, MPI_UTIL_GPU_PCT=str(float(gpu_pct)))
-    env[_FORKED_MARKER] = "1"
+    env[FORKED_MARKER] = "1"
     if open_mpi:
         for name, value in OPEN_MPI_DEFAULTS.items():
             env.setdefault(name, value)

@@ -11,15 +11,22 @@ import termios
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from mpi4py import MPI
 
+from .children import ChildCommWorld, in_child_of_rank, launcher_rank_and_size
 from .supervise import note_exit
 
-COMM_WORLD: MPI.Comm = MPI.COMM_WORLD
-rank: int = COMM_WORLD.Get_rank()
-nworkers: int = COMM_WORLD.Get_size()
+if not in_child_of_rank:
+    COMM_WORLD: MPI.Comm = MPI.COMM_WORLD
+    rank: int = COMM_WORLD.Get_rank()
+    nworkers: int = COMM_WORLD.Get_size()
+else:
+    # A multiprocessing child of a rank, without MPI (children.py): the rank it belongs to, from the launcher's
+    # variables, and a COMM_WORLD that says where collectives belong when one is called here.
+    rank, nworkers = launcher_rank_and_size(os.environ)
+    COMM_WORLD = cast(MPI.Comm, ChildCommWorld(rank))
 
 
 def print0(*args: Any, comm: MPI.Comm | None = None, **kwargs: Any) -> None:

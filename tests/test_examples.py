@@ -34,7 +34,8 @@ def test_policy_gradient_learns_on_two_ranks_with_identical_weights(framework, i
     assert result.stderr == ""
 
 
-@pytest.mark.parametrize("plain_script", ["torch_pg.py", "keras_pg.py", "sb3_ppo.py", "cleanrl_ppo.py", "jax_pg.py"])
+@pytest.mark.parametrize("plain_script", ["torch_pg.py", "keras_pg.py", "sb3_ppo.py", "sb3_subproc.py",
+                                          "cleanrl_ppo.py", "jax_pg.py"])
 def test_parallel_example_differs_from_its_plain_script_by_the_recipe_only(plain_script):
     # Every line the parallel version adds or changes carries the mark "# mpi_util", or is the docstring, an import
     # for the fork's exit, ruff's "isort: split" (mpi_util.sb3 goes before SB3), or a line moved (under
@@ -61,3 +62,15 @@ def test_cleanrl_style_ppo_learns_on_two_ranks_with_identical_weights_and_normal
     assert "ranks whose weights differ from rank 0's: []" in result.stdout
     assert "ranks whose normalizer statistics differ: []" in result.stdout
     assert result.stderr == ""
+
+
+def test_sb3_subproc_example_runs_its_env_processes_in_every_rank_with_identical_weights_and_quiet_stderr():
+    if importlib.util.find_spec("stable_baselines3") is None:
+        pytest.skip("stable-baselines3 not installed (pip install -e '.[test]')")
+    # forkserver, SB3's default on Linux: the forkserver imports the script again, `import mpi_util` with it
+    result = run_bounded([sys.executable, str(EXAMPLES / "sb3_subproc_mpi.py"), "--nprocs", "2", "--n_envs", "2",
+                          "--n_steps", "32", "--total_steps", "256"], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^256 steps, mean return of the last \d+ episodes", result.stdout, re.M), result.stdout
+    assert "ranks whose weights differ from rank 0's: []" in result.stdout
+    assert result.stderr == ""  # no "PMI_Init returned -1"

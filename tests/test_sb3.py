@@ -196,3 +196,18 @@ def test_callbacks_run_on_rank_0_alone_with_every_ranks_steps_and_its_stop_ends_
     assert re.search(r"rank 0: stopped after [\d.]+ s at num_timesteps 120, env 0 stepped 136 times", result.stdout)
     assert re.search(r"rank 1: stopped after [\d.]+ s at num_timesteps 120, env 0 stepped 160 times", result.stdout)
     assert time.monotonic() - started < 60
+
+
+def test_subproc_vec_env_in_every_rank_by_every_start_method_gives_the_dummy_vec_envs_results_bit_for_bit(tmp_path):
+    # forkserver and spawn import sb3_cases.py again in each env's process, `import mpi_util` first: without MPI there
+    result = mpiexec(2, "sb3_cases.py", "vec_envs", str(tmp_path), timeout=120)
+    assert result.stderr == ""  # no "PMI_Init returned -1"
+    for kind in ("dummy", "fork", "forkserver", "spawn"):
+        assert f"{kind}: ranks out of sync: []" in result.stdout, result.stdout
+    dummy = {rank: np.load(tmp_path / f"vec_envs_dummy_rank{rank}.npz") for rank in (0, 1)}
+    for method in ("fork", "forkserver", "spawn"):
+        for rank in (0, 1):
+            subproc = np.load(tmp_path / f"vec_envs_{method}_rank{rank}.npz")
+            assert int(subproc["num_timesteps"]) == 2 * 2 * 2 * 32  # two iterations of 2 ranks x 2 envs x 32 steps
+            # SB3 seeds a SubprocVecEnv's envs as a DummyVecEnv's: the same rollouts, the same weights, bit for bit
+            assert [k for k in subproc.files if not np.array_equal(subproc[k], dummy[rank][k])] == [], (method, rank)

@@ -3,6 +3,7 @@
     python sb3_cases.py one_process OUT        # plain SB3 and parallelize(...) at one process, PPO and A2C
     mpiexec -n 2 python sb3_cases.py two_ranks OUT
     mpiexec -n 2 python sb3_cases.py callbacks OUT   # callbacks given on every rank; a stop from rank 0
+    mpiexec -n 2 python sb3_cases.py vec_envs OUT    # DummyVecEnv, then SubprocVecEnv by each start method
 
 Writes OUT/<case>_<algo>_rank<r>.npz and prints one line per check.
 """
@@ -22,7 +23,7 @@ from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback, EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import VecNormalize
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
 ALGOS = {"ppo": (PPO, {"n_steps": 64, "batch_size": 32, "n_epochs": 2}), "a2c": (A2C, {"n_steps": 16})}
 
@@ -143,6 +144,24 @@ def callbacks(out: Path) -> None:
           f"env 0 stepped {model.env.envs[0].get_total_steps()} times", flush=True)
 
 
+def vec_envs(out: Path) -> None:
+    """PPO on CartPole, 2 envs per rank, 32 steps per env per iteration, two iterations: with a DummyVecEnv, then
+    with a SubprocVecEnv started by fork, forkserver and spawn (whose envs import this script again: above all,
+    ``import mpi_util``). Writes OUT/vec_envs_<kind>_rank<r>.npz: the state and num_timesteps after learn."""
+    rank = mpi_util.rank
+    kinds = {"dummy": (DummyVecEnv, {}), **{method: (SubprocVecEnv, {"start_method": method})
+                                            for method in ("fork", "forkserver", "spawn")}}
+    for kind, (vec_env_cls, vec_env_kwargs) in kinds.items():
+        env = make_vec_env("CartPole-v1", n_envs=2, seed=5, vec_env_cls=vec_env_cls, vec_env_kwargs=vec_env_kwargs)
+        model = parallelize(PPO("MlpPolicy", env, n_steps=32, batch_size=32, n_epochs=2, seed=5, device="cpu"))
+        model.learn(2 * 2 * 2 * 32)
+        np.savez(out / f"vec_envs_{kind}_rank{rank}.npz", num_timesteps=np.array(model.num_timesteps),
+                 **state(model))
+        mpi_util.print0(f"{kind}: ranks out of sync: {mpi_util.ranks_out_of_sync(model.policy)}")
+        env.close()
+
+
 if __name__ == "__main__":
-    cases = {"one_process": one_process, "two_ranks": two_ranks, "rank0_fails": rank0_fails, "callbacks": callbacks}
+    cases = {"one_process": one_process, "two_ranks": two_ranks, "rank0_fails": rank0_fails, "callbacks": callbacks,
+             "vec_envs": vec_envs}
     cases[sys.argv[1]](Path(sys.argv[2]))
