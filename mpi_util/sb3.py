@@ -1,5 +1,5 @@
-"""Stable-Baselines3's on-policy algorithms (PPO, A2C; sb3-contrib's TRPO, MaskablePPO, RecurrentPPO) on N MPI
-processes, SB3 itself unmodified.
+"""Stable-Baselines3's on-policy algorithms (PPO, A2C; sb3-contrib's TRPO, MaskablePPO, RecurrentPPO) and sb3-contrib's
+ARS on N MPI processes, SB3 itself unmodified.
 
 A user's SB3 script gains these lines (run by every rank)::
 
@@ -36,6 +36,12 @@ VecNormalize: each rank updates its statistics from its own observations during 
 statistics all ranks share; rank 0 then merges what every rank added (counts, means and spreads, as SB3's
 RunningMeanStd combines them) and broadcasts the result.
 
+ARS (Augmented Random Search) has no rollout buffer: each update evaluates 2 * n_delta candidate policies (the weights
+plus and minus n_delta random directions). ``parallelize`` gives each rank a contiguous share of the candidates (rank 0
+draws them; sizes differ by at most one), rank 0 gathers every candidate's return (with the ranks' steps, episodes and
+VecNormalize statistics) and takes ARS's own step, and its weights go to every rank. ARS's policies keep no observation
+statistics of their own; a VecNormalize's are merged as above. See ``_ars_parallel_class``.
+
 Import this module before stable_baselines3. SB3's logger imports ``torch.utils.tensorboard``, and tensorboard then
 imports TensorFlow when it is installed (as it is beside train.py). TensorFlow's libraries export their copy of LLVM's
 command-line registry to the whole process, so when torch later loads triton (its own LLVM; torch imports it on the
@@ -52,6 +58,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import time
 import types
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -91,17 +98,40 @@ if "tensorflow" in sys.modules and "stable_baselines3" in sys.modules:
 sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
 
-class _RankState:
-    """What the parallel model keeps besides SB3's own attributes (left out of ``save``)."""
+# The parts of a parallel ARS update, in order: rank 0's candidates to every rank; this rank's evaluation of its share;
+# the gather of every rank's returns to rank 0 (waiting for the slowest rank included) and merging them there; ARS's own
+# step (drawing the directions, the best n_top, the step; a zero step on ranks r > 0); rank 0's weights, count and
+# statistics to every rank.
+_ARS_PHASES = ("candidates", "evaluate", "gather", "update", "broadcast")
+
+
+class _SharedState:
+    """What every parallel model keeps besides SB3's own attributes (left out of ``save``)."""
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.comm = comm
+        self.shared_stats: list[Moments] = []  # VecNormalize stats every rank holds
+
+
+class _RankState(_SharedState):
+    """What a parallel on-policy model keeps."""
 
     def __init__(self, comm: MPI.Comm, local_buffer: Any, total_envs: int, env_axes: dict[str, int]) -> None:
-        self.comm = comm
+        super().__init__(comm)
         self.local_buffer = local_buffer  # this rank's own rollout buffer: (n_steps, this rank's n_envs, ...)
         self.total_envs = total_envs  # envs over all ranks
         self.env_axes = env_axes  # the buffer's arrays and the axis of each that indexes envs
         self.new_episodes: list[dict[str, Any]] = []  # Monitor's episode infos since the last gather
         self.new_successes: list[Any] = []
-        self.shared_stats: list[Moments] = []  # VecNormalize stats every rank holds
+
+
+class _ArsState(_SharedState):
+    """What a parallel ARS model keeps: besides the communicator, this rank's seconds in each part of its updates
+    (_ARS_PHASES), summed over updates: where an update's time goes (benchmarks/ars_mpi.py reports rank 0's)."""
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        super().__init__(comm)
+        self.seconds = dict.fromkeys(_ARS_PHASES, 0.0)
 
 
 def _running_stats(model: Any) -> list[Any]:
@@ -236,6 +266,128 @@ def _parallel_class(sb3_class: type) -> type:
     return RankZeroLearns
 
 
+class _Clock:
+    """Adds the seconds since the previous lap (or since it was made) to one entry of ``seconds``."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds = seconds
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] += now - self.last
+        self.last = now
+
+
+def _evaluation_seconds(seconds: Mapping[str, float]) -> float:
+    return seconds["candidates"] + seconds["evaluate"] + seconds["gather"]
+
+
+def _broadcast_ars(model: Any) -> None:
+    """Rank 0's ARS policy, its flat weights ``model.weights`` (n_params,), ``num_timesteps`` and VecNormalize
+    statistics on every rank, bit for bit."""
+    count = np.array([model.num_timesteps], dtype=np.int64)
+    _broadcast_from_rank0(model, [model.weights, count])
+    model.num_timesteps = int(count[0])
+
+
+def _candidate_share(pop_size: int, size: int, rank: int) -> slice:
+    """The candidates ``rank`` of ``size`` evaluates: a contiguous run of indices into the pop_size candidates; the
+    runs follow each other in rank order and their lengths differ by at most one."""
+    return slice(pop_size * rank // size, pop_size * (rank + 1) // size)
+
+
+def _ars_parallel_class(ars_class: type) -> type:
+    """A subclass of ``ars_class`` (sb3-contrib's ARS or a subclass) whose updates spread the candidates over ranks.
+
+    ARS's own ``learn`` and ``_do_one_update`` run on every rank, unchanged; what they call is overridden:
+
+    - ``evaluate_candidates``, because it is the one place that sees every candidate and returns their returns: every
+      rank takes rank 0's candidates (rank 0 drew the directions; the other ranks' torch RNGs were re-seeded with their
+      envs and draw others), evaluates its share with ARS's own ``evaluate_candidates`` (its loop, or this rank's
+      AsyncEval workers) and sends the returns, its steps, its episodes and its VecNormalize statistics to rank 0. Rank
+      0 returns every candidate's return in candidate order, so ``_do_one_update`` takes ARS's own step on them (top
+      n_top directions, the returns' std, the learning rate); the other ranks return zeros, so their step is zero.
+    - ``_do_one_update``, to follow ARS's step with rank 0's weights, ``num_timesteps`` (every rank's steps) and
+      VecNormalize statistics on every rank, and to time each part (``_mpi.seconds``).
+    - ``_init_callback``: the callbacks given to ``learn`` run on rank 0 alone.
+
+    It adds no instance layout, so an existing model's ``__class__`` can be switched to it.
+    """
+
+    class RankSharesCandidates(ars_class):  # type: ignore[valid-type, misc]
+        _mpi: _ArsState
+
+        def _excluded_save_params(self) -> list[str]:
+            return [*super()._excluded_save_params(), "_mpi"]
+
+        def _init_callback(self, callback: Any, progress_bar: bool = False) -> Any:
+            """Rank 0: the user's callbacks and progress bar (counting every rank's steps); other ranks: SB3's no-op.
+            Rank 0's callbacks step with its own evaluations: ``num_timesteps`` is every rank's steps before the
+            update plus rank 0's since, and every rank's once the update's returns are gathered."""
+            if self._mpi.comm.Get_rank() != 0:
+                return super()._init_callback(None)
+            callbacks = callback if isinstance(callback, list) else [] if callback is None else [callback]
+            if progress_bar:
+                callbacks = [*callbacks, _sb3_callbacks().progress_bar()]
+            return super()._init_callback(callbacks)
+
+        def evaluate_candidates(self, candidate_weights: Any, callback: Any, async_eval: Any) -> Any:
+            """candidate_weights: (pop_size, n_params) torch tensor, rank 0's used. Returns (pop_size,): on rank 0
+            each candidate's return, on the other ranks zeros. Collective over the model's communicator."""
+            import torch
+
+            state = self._mpi
+            comm, clock = state.comm, _Clock(state.seconds)
+            candidates = np.ascontiguousarray(candidate_weights.detach().cpu().numpy())
+            rank0_bcast_wts(candidates, comm)
+            clock.lap("candidates")
+            share = _candidate_share(self.pop_size, comm.Get_size(), comm.Get_rank())
+            pop_size, steps_before = self.pop_size, self.num_timesteps
+            self.pop_size = share.stop - share.start  # ARS's loop (or AsyncEval's jobs) covers pop_size candidates
+            try:
+                returns = super().evaluate_candidates(torch.as_tensor(candidates[share], device=self.device),
+                                                      callback, async_eval)
+            finally:
+                self.pop_size = pop_size
+            clock.lap("evaluate")
+            stats = _running_stats(self)
+            mine = (returns.cpu().numpy(), self.num_timesteps - steps_before, list(self.ep_info_buffer),
+                    [read_moments(stat) for stat in stats])
+            gathered = gather_objects(mine, comm)
+            if gathered is None:  # ranks r > 0: a zero step, replaced by rank 0's weights after it
+                clock.lap("gather")
+                return torch.zeros(pop_size, dtype=returns.dtype, device=self.device)
+            self.num_timesteps = steps_before + sum(steps for _, steps, _, _ in gathered)
+            self.ep_info_buffer = [episode for _, _, episodes, _ in gathered for episode in episodes]
+            for i, stat in enumerate(stats):
+                write_moments(stat, merge_moments(state.shared_stats[i], [g[3][i] for g in gathered]))
+            all_returns = torch.as_tensor(np.concatenate([g[0] for g in gathered]), device=self.device)
+            clock.lap("gather")
+            return all_returns
+
+        def _do_one_update(self, callback: Any, async_eval: Any) -> None:
+            """ARS's own update (its evaluation through ``evaluate_candidates`` above), then rank 0's result on every
+            rank. Collective over the model's communicator."""
+            seconds = self._mpi.seconds
+            clock, evaluation_before = _Clock(seconds), _evaluation_seconds(seconds)
+            super()._do_one_update(callback, async_eval)
+            clock.lap("update")
+            seconds["update"] -= _evaluation_seconds(seconds) - evaluation_before  # counted by evaluate_candidates
+            _broadcast_ars(self)
+            vec_normalize = self._vec_normalize_env
+            if async_eval is not None and vec_normalize is not None:
+                # ARS synced its workers to this rank's statistics before the merge; they start the next update from
+                # the merged ones, which ARS's bookkeeping (old_count) must then count from.
+                async_eval.sync_obs_rms(vec_normalize.obs_rms.copy())
+                self.old_count = vec_normalize.obs_rms.count
+            clock.lap("broadcast")
+
+    RankSharesCandidates.__name__ = RankSharesCandidates.__qualname__ = ars_class.__name__
+    RankSharesCandidates.__module__ = ars_class.__module__
+    return RankSharesCandidates
+
+
 class _Callbacks:
     """The two SB3 callback classes the parallel model uses (made on first use: they subclass SB3's)."""
 
@@ -302,15 +454,16 @@ def _sb3_callbacks() -> _Callbacks:
     return _CALLBACKS[0]
 
 
-def _broadcast_from_rank0(model: Any) -> None:
-    """Rank 0's policy (parameters and buffers) and VecNormalize statistics on every rank, bit for bit."""
-    state: _RankState = model._mpi
+def _broadcast_from_rank0(model: Any, extra: list[Any] | None = None) -> None:
+    """Rank 0's policy (parameters and buffers), VecNormalize statistics and ``extra`` (numpy arrays or torch tensors,
+    written in place) on every rank, bit for bit."""
+    state: _SharedState = model._mpi
     stats = _running_stats(model)
     arrays = []
     for stat in stats:
         arrays += [np.array(stat.mean, dtype=np.float64), np.array(stat.var, dtype=np.float64),
                    np.array([stat.count], dtype=np.float64)]
-    rank0_bcast_wts([model.policy, *arrays], state.comm)
+    rank0_bcast_wts([model.policy, *(extra or []), *arrays], state.comm)
     for i, stat in enumerate(stats):
         stat.mean, stat.var, stat.count = arrays[3 * i], arrays[3 * i + 1], float(arrays[3 * i + 2][0])
     state.shared_stats = [read_moments(stat) for stat in stats]
@@ -342,7 +495,10 @@ def _move_to_rank_gpu(model: Any) -> None:
     torch.cuda.set_device(device)  # tensors later made on "cuda" land there too
     model.policy.to(device)  # in place: the optimizer keeps its parameters
     model.device = device
-    model.rollout_buffer.device = device
+    if hasattr(model, "rollout_buffer"):
+        model.rollout_buffer.device = device
+    if isinstance(getattr(model, "weights", None), torch.Tensor):  # ARS's flat copy of the policy's weights
+        model.weights = model.weights.to(device)
     lstm_states = getattr(model, "_last_lstm_states", None)  # RecurrentPPO's LSTM states between rollouts
     if lstm_states is not None:
         model._last_lstm_states = type(lstm_states)(*(tuple(t.to(device) for t in pair) for pair in lstm_states))
@@ -355,19 +511,40 @@ def _fresh_seed() -> int:
     return int(np.random.SeedSequence().generate_state(1)[0])
 
 
+def _is_ars(model: Any) -> bool:
+    """Whether ``model`` is sb3-contrib's ARS (or a subclass); sb3-contrib is imported wherever one exists."""
+    ars = sys.modules.get("sb3_contrib.ars.ars")
+    return ars is not None and isinstance(model, ars.ARS)
+
+
+def _refusal(model: Any) -> str:
+    """Why ``parallelize`` does not take ``model``, naming what it is."""
+    name = type(model).__name__
+    off_policy = sys.modules.get("stable_baselines3.common.off_policy_algorithm")
+    if off_policy is not None and isinstance(model, off_policy.OffPolicyAlgorithm):  # SAC, TD3, DQN, QR-DQN, TQC, ...
+        return (f"parallelize: {name} is an off-policy algorithm: it learns between steps from a replay buffer, not "
+                "from batches of rollouts; parallelize takes on-policy algorithms (PPO, A2C, TRPO, MaskablePPO, "
+                "RecurrentPPO) and ARS")
+    return (f"parallelize: {name} is not an on-policy or ARS algorithm; parallelize takes Stable-Baselines3's and "
+            "sb3-contrib's on-policy algorithms (PPO, A2C, TRPO, MaskablePPO, RecurrentPPO, other subclasses of "
+            "OnPolicyAlgorithm) and ARS")
+
+
 def _prepare_rank(model: Any, rank: int, env_axes: Mapping[str, int]) -> tuple[int, dict[str, int]]:
     """Check ``model`` and, on ranks r > 0, re-seed it and silence its logger; returns its number of envs and its
-    buffer's arrays with their env axes (see ``_buffer_env_axes``). A check that fails leaves the model as it was."""
-    if not (hasattr(model, "collect_rollouts") and hasattr(model, "rollout_buffer") and hasattr(model, "n_steps")):
-        raise TypeError(
-            f"parallelize: expected a Stable-Baselines3 on-policy model such as PPO or A2C, got "
-            f"{type(model).__name__}; off-policy algorithms (SAC, TD3, DQN) learn between steps, not in batches"
-        )
+    buffer's arrays with their env axes (see ``_buffer_env_axes``; none for ARS). A check that fails leaves the model
+    as it was."""
+    ars = _is_ars(model)
+    on_policy = hasattr(model, "collect_rollouts") and hasattr(model, "rollout_buffer") and hasattr(model, "n_steps")
+    if not (ars or on_policy):
+        raise TypeError(_refusal(model))
     if hasattr(model, "_mpi"):
         raise ValueError("parallelize: this model is already parallel; call parallelize once per model")
     if model.env is None:
         raise ValueError("parallelize: the model has no env; pass this rank's env when building it")
-    axes = _buffer_env_axes(model.rollout_buffer, env_axes)
+    if ars and env_axes:
+        raise ValueError("parallelize: env_axes names arrays of a rollout buffer, and ARS has none; leave it out")
+    axes = {} if ars else _buffer_env_axes(model.rollout_buffer, env_axes)
     if model.device.type == "cuda" and model.device.index is None:
         _move_to_rank_gpu(model)
     if rank > 0:
@@ -379,7 +556,7 @@ def _prepare_rank(model: Any, rank: int, env_axes: Mapping[str, int]) -> tuple[i
 
         model.set_logger(Logger(folder=None, output_formats=[]))
         model.verbose = 0
-    return int(model.rollout_buffer.n_envs), axes
+    return int(model.env.num_envs if ars else model.rollout_buffer.n_envs), axes
 
 
 def _agree(comm: MPI.Comm, failure: Exception | None, value: int) -> list[int]:
@@ -399,7 +576,8 @@ def _agree(comm: MPI.Comm, failure: Exception | None, value: int) -> list[int]:
 
 def parallelize(model: Model, comm: MPI.Comm | None = None, env_axes: Mapping[str, int] | None = None) -> Model:
     """Make an SB3 on-policy model learn on every rank of ``comm``: PPO, A2C, sb3-contrib's TRPO, MaskablePPO and
-    RecurrentPPO, or another subclass of OnPolicyAlgorithm whose rollout buffer holds arrays it knows.
+    RecurrentPPO, or another subclass of OnPolicyAlgorithm whose rollout buffer holds arrays it knows; or
+    sb3-contrib's ARS, whose candidates each update the ranks share (see ``_ars_parallel_class``).
 
     Call it on every rank, after building the model with this rank's VecEnv (any number of envs per rank) and
     before ``learn``. It re-seeds ranks r > 0 (their torch, numpy, action space and envs) with
@@ -408,7 +586,8 @@ def parallelize(model: Model, comm: MPI.Comm | None = None, env_axes: Mapping[st
     this rank's GPU (see ``rank_device``); and returns the same object, whose
     class is now a subclass of its own (``isinstance(model, PPO)`` holds; ``save`` and ``PPO.load`` work as before).
     Save from rank 0. Every rank must then call ``learn`` with the same arguments; the callbacks given to ``learn``
-    run on rank 0 only and see every rank's steps in ``num_timesteps``.
+    run on rank 0 only and see every rank's steps in ``num_timesteps``. Off-policy models (SAC, TD3, DQN, ...) and
+    anything else are refused with a TypeError that says what they are.
 
     env_axes: arrays of a custom rollout buffer besides those of SB3's and sb3-contrib's, {attribute name: the axis
     that indexes envs}, for example {"costs": 1} for costs of shape (n_steps, n_envs). A buffer holding an array that
@@ -424,18 +603,23 @@ def parallelize(model: Model, comm: MPI.Comm | None = None, env_axes: Mapping[st
     except Exception as error:
         n_envs, axes, failure = 0, {}, error
     total_envs = sum(_agree(comm, failure, n_envs))
-    local_buffer = model.rollout_buffer  # type: ignore[attr-defined]
+    ars = _is_ars(model)
+    local_buffer = None if ars else model.rollout_buffer  # type: ignore[attr-defined]
     try:
         cls = type(model)
         if cls not in _PARALLEL_CLASSES:
-            _PARALLEL_CLASSES[cls] = _parallel_class(cls)
-        if comm.Get_rank() == 0:
+            _PARALLEL_CLASSES[cls] = _ars_parallel_class(cls) if ars else _parallel_class(cls)
+        if comm.Get_rank() == 0 and not ars:
             model.rollout_buffer = _rank0_buffer(local_buffer, total_envs)  # type: ignore[attr-defined]
         failure = None
     except Exception as error:
         failure = error
     _agree(comm, failure, 0)
     model.__class__ = _PARALLEL_CLASSES[cls]
-    model._mpi = _RankState(comm, local_buffer, total_envs, axes)  # type: ignore[attr-defined]
-    _broadcast_from_rank0(model)
+    if ars:
+        model._mpi = _ArsState(comm)  # type: ignore[attr-defined]
+        _broadcast_ars(model)
+    else:
+        model._mpi = _RankState(comm, local_buffer, total_envs, axes)  # type: ignore[attr-defined]
+        _broadcast_from_rank0(model)
     return model

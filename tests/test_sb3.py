@@ -113,14 +113,31 @@ def test_parallelize_failing_on_rank_0_fails_on_every_rank(tmp_path):
     assert time.monotonic() - started < 60
 
 
-def test_parallelize_refuses_what_is_not_an_on_policy_model():
-    code = ("import mpi_util.sb3, gymnasium as gym\nfrom stable_baselines3 import SAC\n"
-            "mpi_util.sb3.parallelize(SAC('MlpPolicy', gym.make('Pendulum-v1'), device='cpu'))")
-    result = run_bounded([sys.executable, "-c", code], timeout=120, cwd=REPO)
-    assert result.returncode == 1
-    assert result.stderr.splitlines()[-1] == (
-        "TypeError: parallelize: expected a Stable-Baselines3 on-policy model such as PPO or A2C, got SAC; "
-        "off-policy algorithms (SAC, TD3, DQN) learn between steps, not in batches")
+REFUSALS = """
+import mpi_util.sb3, gymnasium as gym
+from stable_baselines3 import DQN, PPO, SAC
+for model in (SAC("MlpPolicy", gym.make("Pendulum-v1"), device="cpu"),
+              DQN("MlpPolicy", gym.make("CartPole-v1"), device="cpu"),
+              PPO("MlpPolicy", gym.make("CartPole-v1"), device="cpu").policy):  # the policy instead of the model
+    try:
+        mpi_util.sb3.parallelize(model)
+    except TypeError as error:
+        print(error)
+"""
+
+
+def test_parallelize_refuses_what_is_not_an_on_policy_model_or_ars_and_says_what_it_is():
+    result = run_bounded([sys.executable, "-c", REFUSALS], timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    takes = "parallelize takes on-policy algorithms (PPO, A2C, TRPO, MaskablePPO, RecurrentPPO) and ARS"
+    assert result.stdout.splitlines() == [
+        f"parallelize: SAC is an off-policy algorithm: it learns between steps from a replay buffer, not from batches "
+        f"of rollouts; {takes}",
+        f"parallelize: DQN is an off-policy algorithm: it learns between steps from a replay buffer, not from batches "
+        f"of rollouts; {takes}",
+        "parallelize: ActorCriticPolicy is not an on-policy or ARS algorithm; parallelize takes Stable-Baselines3's "
+        "and sb3-contrib's on-policy algorithms (PPO, A2C, TRPO, MaskablePPO, RecurrentPPO, other subclasses of "
+        "OnPolicyAlgorithm) and ARS"]
 
 
 needs_contrib = pytest.mark.skipif(importlib.util.find_spec("sb3_contrib") is None,
@@ -211,3 +228,78 @@ def test_subproc_vec_env_in_every_rank_by_every_start_method_gives_the_dummy_vec
             assert int(subproc["num_timesteps"]) == 2 * 2 * 2 * 32  # two iterations of 2 ranks x 2 envs x 32 steps
             # SB3 seeds a SubprocVecEnv's envs as a DummyVecEnv's: the same rollouts, the same weights, bit for bit
             assert [k for k in subproc.files if not np.array_equal(subproc[k], dummy[rank][k])] == [], (method, rank)
+
+
+ARS_CASES = str(REPO / "tests" / "mpi_scripts" / "ars_cases.py")
+
+
+@needs_contrib
+def test_ars_at_one_process_gives_plain_ars_results_bit_for_bit(tmp_path):
+    result = run_bounded([sys.executable, ARS_CASES, "one_process", str(tmp_path)], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # weights, policy, every candidate's episode returns (and VecNormalize's statistics): a linear policy on Pendulum
+    # behind VecNormalize with 2 envs; an MLP from random weights on CartPole, 2 episodes per candidate; and the linear
+    # policy with its candidates evaluated by an AsyncEval of 2 worker processes
+    for line in ("linear: 9 arrays, differ from plain ARS: []; steps 6400 6400; updates 2 2",
+                 "mlp: 6 arrays, differ from plain ARS: []; steps 1664 1664; updates 8 8",
+                 "async_eval: 9 arrays, differ from plain ARS: []; steps 3200 3200; updates 2 2",
+                 "env_axes refused: parallelize: env_axes names arrays of a rollout buffer, and ARS has none; leave "
+                 "it out"):
+        assert line in result.stdout, result.stdout
+
+
+def ars_two_ranks(tmp_path_factory) -> tuple[dict[str, list[dict]], str]:
+    """The records and output of one 2-rank job of ars_cases.py, run by the first test that asks:
+    ({case: [rank 0's record, rank 1's]}, stdout)."""
+    out = tmp_path_factory.getbasetemp() / "ars_two_ranks"
+    if not (out / "stdout.txt").exists():
+        out.mkdir(exist_ok=True)
+        result = mpiexec(2, "ars_cases.py", "two_ranks", str(out), timeout=120)
+        (out / "stdout.txt").write_text(result.stdout)
+    records = {case: [json.loads((out / f"{case}_rank{r}.json").read_text()) for r in (0, 1)]
+               for case in ("shares", "learns", "async_eval")}
+    return records, (out / "stdout.txt").read_text()
+
+
+@needs_contrib
+def test_ars_at_two_ranks_shares_each_updates_candidates_and_every_rank_ends_with_rank_0s_weights_and_all_steps(
+        tmp_path_factory):
+    records, stdout = ars_two_ranks(tmp_path_factory)
+    assert "shares: ranks out of sync: []" in stdout, stdout  # policy, weights, VecNormalize statistics
+    rank0, rank1 = records["shares"]
+    # 2 updates of 6 candidates, one 200-step Pendulum episode each: each rank evaluated 3 candidates per update
+    assert rank0["env_steps"] == rank1["env_steps"] == 2 * 3 * 200
+    assert rank0["num_timesteps"] == rank1["num_timesteps"] == 2 * 6 * 200  # learn(2000) counted both ranks' steps
+    assert rank0["updates"] == rank1["updates"] == 2
+    assert (rank0["episodes"], rank1["episodes"]) == (6, 3)  # rank 0 logs every candidate's episode
+    assert (rank0["callback_calls"], rank1["callback_calls"]) == (1200, 0)  # callbacks: rank 0's steps, rank 0 only
+    for rank in (rank0, rank1):
+        # VecNormalize's observation count: SB3's 1e-4, each rank's reset at learn's start, each candidate's first
+        # observation (evaluate_policy resets the env), each step's: every rank's additions merged
+        assert rank["obs_count"] == pytest.approx(1e-4 + 2 + 12 + 2400, abs=1e-9)
+        assert rank["ret_count"] == pytest.approx(1e-4 + 2400, abs=1e-9)
+    # each rank's AsyncEval (2 workers) evaluated its 4 of 8 candidates
+    assert "async_eval: ranks out of sync: []" in stdout, stdout
+    assert [r["num_timesteps"] for r in records["async_eval"]] == [2 * 8 * 200] * 2
+    assert [r["episodes"] for r in records["async_eval"]] == [8, 4]
+
+
+@needs_contrib
+def test_ars_at_two_ranks_takes_the_steps_of_one_process_when_a_return_depends_on_the_weights_alone(
+        tmp_path_factory):
+    _, stdout = ars_two_ranks(tmp_path_factory)
+    # every episode starts from the same state: the same candidates, returns and weights as one process, bit for bit
+    found = re.search(r"as_in_one_process: 3 arrays, differ from plain ARS in one process: \[\]; steps (\d+) (\d+); "
+                      r"updates (\d+) (\d+)", stdout)
+    assert found and found.group(1) == found.group(2) and found.group(3) == found.group(4), stdout
+    assert int(found.group(3)) >= 2
+
+
+@needs_contrib
+def test_ars_at_two_ranks_learns_cartpole(tmp_path_factory):
+    records, stdout = ars_two_ranks(tmp_path_factory)
+    assert "learns: ranks out of sync: []" in stdout, stdout
+    rank0, rank1 = records["learns"]
+    assert rank0["num_timesteps"] == rank1["num_timesteps"] >= 12_000
+    # The zero policy scores about 9 and random play about 22; seen after 12k steps: 486 (of 500).
+    assert rank0["mean_return"] > 200
