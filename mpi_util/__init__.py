@@ -39,16 +39,26 @@ from .process import abort, install_abort_on_exception, local_rank, nworkers, pr
 from .reduce import all_mean, all_sum
 from .running_stats import Moments, SharedRunningStats, merge_moments, read_moments, write_moments
 from .seeding import rank_seed, set_global_seeds
-from .stall import CollectiveStallError, heartbeat, parse_stall_timeout, set_stall_timeout, stall_deadline
+from .stall import (
+    CollectiveOrderError,
+    CollectiveStallError,
+    RankEndedError,
+    heartbeat,
+    parse_stall_timeout,
+    set_stall_timeout,
+    stall_deadline,
+)
 from .supervise import JobFailure
 
 __all__ = [
     "BatchMismatchError",
+    "CollectiveOrderError",
     "CollectiveStallError",
     "ForkResult",
     "JobFailure",
     "Moments",
     "MpiexecNotFoundError",
+    "RankEndedError",
     "SharedBudget",
     "SharedRunningStats",
     "WeightMismatchError",

@@ -22,8 +22,10 @@ from mpi4py import MPI
 
 from .host import decide_after_first_collective, poll_requests, post_and_complete, transport
 from .process import COMM_WORLD
-from .stall import watch
+from .stall import CollectiveOrderError, collective_code, collective_name, watch
 from .wakeup import EXCHANGE_WIDTH
+
+MEET_VALUES = EXCHANGE_WIDTH - 1  # a meet's values besides the collective's code
 
 _MEET_TAG = 1
 # A rank whose arrival rank 0 has taken waits this much past its own limit for the ranks on its host, so that rank 0,
@@ -39,23 +41,43 @@ def signature_digest(signature: object) -> int:
 
 def meet_and_exchange(comm: MPI.Comm, values: list[int], what: str) -> np.ndarray:
     """Wait, without spinning, until every rank of ``comm`` has called this, and return every rank's ``values`` (the
-    same count on each) as an int64 array (size, len(values)). ``what`` names the collective in a stall error.
+    same count on each, at most MEET_VALUES) as an int64 array (size, len(values)). ``what`` names the collective in
+    a stall error.
 
-    With the host transport and at most EXCHANGE_WIDTH values, through the doorbell's slots; else an MPI all-gather.
+    Every rank also tells the others which collective it is in: ranks that called different ones get a
+    CollectiveOrderError here, on every rank, before any data moves. So every meet has the same size, whatever the
+    collective: a rank in another collective still meets this one and is named, instead of an MPI size mismatch.
+    With the host transport through the doorbell's slots; else through rank 0 or an MPI all-gather.
     """
+    if len(values) > MEET_VALUES:
+        raise ValueError(f"meet_and_exchange: at most {MEET_VALUES} values, got {len(values)}")
     sequence = watch.enter(what)
+    mine = np.zeros(EXCHANGE_WIDTH, dtype=np.int64)
+    mine[0], mine[1 : 1 + len(values)] = collective_code(what), values
     host = transport(comm)
-    if host is not None and len(values) <= EXCHANGE_WIDTH:
-        return host.exchange(values, what, sequence)
-    mine = np.array(values, dtype=np.int64)
-    everyone = np.empty((comm.Get_size(), len(values)), dtype=np.int64)
-    if watch.meet_comm is not None and (comm is COMM_WORLD or comm == COMM_WORLD):
-        _meet_through_rank0(watch.meet_comm, mine, everyone, what, sequence)
-        decide_after_first_collective(comm)
-        return everyone
-    post = (lambda: [comm.Iallgather(mine, everyone)]) if values else (lambda: [comm.Ibarrier()])
-    post_and_complete(comm, post, what, sequence, then_spin=False)
-    return everyone
+    if host is not None:
+        everyone = host.exchange(list(mine), what, sequence)
+    else:
+        everyone = np.empty((comm.Get_size(), EXCHANGE_WIDTH), dtype=np.int64)
+        if watch.meet_comm is not None and (comm is COMM_WORLD or comm == COMM_WORLD):
+            _meet_through_rank0(watch.meet_comm, mine, everyone, what, sequence)
+            decide_after_first_collective(comm)
+        else:
+            post_and_complete(comm, lambda: [comm.Iallgather(mine, everyone)], what, sequence, then_spin=False)
+    _check_same_collective(comm, everyone[:, 0], what, sequence)
+    return everyone[:, 1 : 1 + len(values)]
+
+
+def _check_same_collective(comm: MPI.Comm, codes: np.ndarray, what: str, sequence: int) -> None:
+    """CollectiveOrderError, the same on every rank, when ``codes`` (size,) are not all the same collective's."""
+    others = np.flatnonzero(codes != codes[0])
+    if len(others) == 0:
+        return
+    first = int(others[0])
+    raise CollectiveOrderError(
+        f"rank {first} called {collective_name(int(codes[first]))} where rank 0 called "
+        f"{collective_name(int(codes[0]))} (collective #{sequence} of rank {comm.Get_rank()}, in "
+        f"{what}): call the same collectives in the same order on every rank")
 
 
 def _meet_through_rank0(comm: MPI.Comm, mine: np.ndarray, everyone: np.ndarray, what: str, sequence: int) -> None:

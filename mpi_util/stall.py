@@ -31,9 +31,12 @@ train.py's --stall_timeout) or ``set_stall_timeout``; the start-up allowance fro
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import sys
 import time
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -58,6 +61,38 @@ _STALL_VARIABLE = "MPI_UTIL_STALL_TIMEOUT"
 _STARTUP_VARIABLE = "MPI_UTIL_STALL_STARTUP"
 
 
+# Every collective of mpi_util, by the name it reports: ranks tell each other which collective they are in by a code
+# made from its name (the board, the meet, a departure), and a rank reads back the names of codes it knows.
+COLLECTIVE_NAMES = ("rank0_accum_batches", "rank0_bcast_wts", "rank0_bcast_tree", "bcast_object", "gather_objects",
+                    "ranks_out_of_sync", "all_sum", "all_mean", "SharedRunningStats", "SharedRunningStats.merge",
+                    "meet")
+_NAMES_BY_CODE: dict[int, str] = {}
+# A rank whose script ends tells the ranks waiting for it, on COMM_WORLD with this tag: high, so as not to meet a
+# user's own point-to-point messages.
+_DEPARTED_TAG = 32_000 + 17
+_DEPARTURE_BYTES = 24 + 72  # its last sequence, that collective's code and its pid (int64), then its host's name
+
+
+def collective_code(name: str) -> int:
+    """A number for the collective ``name``, the same in every process (31 bits of its CRC-32)."""
+    code = zlib.crc32(name.encode()) & 0x7FFFFFFF
+    _NAMES_BY_CODE.setdefault(code, name)
+    return code
+
+
+def collective_name(code: int) -> str:
+    """The name of the collective with ``code``, as far as this process knows it."""
+    return _NAMES_BY_CODE.get(code, f"a collective this rank never called (code {code})")
+
+
+for _name in COLLECTIVE_NAMES:
+    collective_code(_name)
+
+
+class CollectiveOrderError(RuntimeError):
+    """Ranks called different collectives at the same point: raised on every rank, before any data moves."""
+
+
 class CollectiveStallError(RuntimeError):
     """A rank waited for the others to reach a collective while one of them showed no progress for the limit (or
     past a deadline, such as a stop request's grace)."""
@@ -66,6 +101,10 @@ class CollectiveStallError(RuntimeError):
         super().__init__(message)
         self.late_ranks: list[int] = late_ranks or []
         """The ranks that had not arrived and showed no progress (or, past a deadline, had not arrived)."""
+
+
+class RankEndedError(CollectiveStallError):
+    """A rank waited in a collective for a rank whose script has ended (returned, exited or raised) before it."""
 
 
 def parse_stall_timeout(text: str, name: str = _STALL_VARIABLE) -> float | str | None:
@@ -102,7 +141,7 @@ class _ArrivalBoard:
     are not on the board (``covers_all`` is False then). Collective over COMM_WORLD to create.
     """
 
-    SEQUENCE, CODE, ENTERED, HEARTBEAT = range(4)
+    SEQUENCE, CODE, ENTERED, HEARTBEAT, PID, ENDED = range(6)  # ENDED: 1 + the last collective of an ended rank
 
     def __init__(self) -> None:
         self.host_names: list[str] = COMM_WORLD.allgather(MPI.Get_processor_name())  # by world rank
@@ -110,9 +149,9 @@ class _ArrivalBoard:
         self.world_ranks: list[int] = node_comm.allgather(COMM_WORLD.Get_rank())
         self.covers_all = COMM_WORLD.allreduce(node_comm.Get_size() == COMM_WORLD.Get_size(), op=MPI.LAND)
         self.index = node_comm.Get_rank()
-        self.window, self.slots = shared_int64(node_comm, (node_comm.Get_size(), 4))
+        self.window, self.slots = shared_int64(node_comm, (node_comm.Get_size(), 6))
         self.row = self.slots[self.index]
-        self.row[:] = (0, -1, time.monotonic_ns(), 0)
+        self.row[:] = (0, -1, time.monotonic_ns(), 0, os.getpid(), 0)
         self.window.Sync()
         node_comm.Barrier()
         node_comm.Free()
@@ -126,7 +165,13 @@ class _ArrivalBoard:
         host behind ``sequence``."""
         self.window.Sync()
         return [(self.world_ranks[i], int(seq), int(code), max(int(entered), int(beat)), int(beat))
-                for i, (seq, code, entered, beat) in enumerate(self.slots) if seq < sequence]
+                for i, (seq, code, entered, beat, _, _) in enumerate(self.slots) if seq < sequence]
+
+    def ended(self) -> list[tuple[int, int, int, int]]:
+        """(world rank, last collective, its code, pid) of the ranks on this host whose script has ended."""
+        self.window.Sync()
+        return [(self.world_ranks[i], int(ended) - 1, int(code), int(pid))
+                for i, (_, code, _, _, pid, ended) in enumerate(self.slots) if ended > 0]
 
 
 class _Suspect:
@@ -153,7 +198,10 @@ class StallWatch:
         # messages to rank 0 travel on it too.
         self.meet_comm: MPI.Comm | None = None
         self.sequence = 0  # collectives this rank has entered; equal on all ranks when they are in step
-        self.names: list[str] = []  # collective names, indexed by the codes on the board
+        self.code = self.previous_code = -1  # collective_code of the last one, and of the one before
+        self.gave_up = 0  # the sequence of the last collective this rank gave up in (a stall error), 0: none
+        # rank -> (its last sequence, that collective's code, its pid, its host), for the ranks that have ended
+        self.departed: dict[int, tuple[int, int, int, str]] = {}
         self.calls: dict[str, int] = {}  # calls of each collective so far
         self.longest_silence_s = 0.0  # the longest silence of a rank waited for, after warm-up ("auto")
         self.deadline: tuple[float, str] | None = None  # (monotonic time, why) at which every wait gives up
@@ -170,17 +218,68 @@ class StallWatch:
         """Count a collective named ``what`` and post the arrival on the board; returns its sequence number."""
         self.sequence += 1
         self.calls[what] = self.calls.get(what, 0) + 1
-        if what not in self.names:
-            self.names.append(what)
+        self.previous_code, self.code = self.code, collective_code(what)
         if self.board is not None:
-            self.board.arrive(self.sequence, self.names.index(what))
+            self.board.arrive(self.sequence, self.code)
         return self.sequence
+
+    def _announce_departure(self) -> None:
+        """At this process's exit: tell the ranks waiting for it the last collective it went through, so that a rank
+        waiting in a later one knows at once that it never comes."""
+        if not MPI.Is_initialized() or MPI.Is_finalized():
+            return
+        # The last collective this rank went through: not one it gave up in (a stall error, another rank ended).
+        gave_up = self.gave_up == self.sequence > 0
+        last, code = (self.sequence - 1, self.previous_code) if gave_up else (self.sequence, self.code)
+        payload = np.zeros(_DEPARTURE_BYTES, dtype=np.uint8)
+        payload[:24] = np.array([last, code, os.getpid()], dtype=np.int64).view(np.uint8)
+        host = MPI.Get_processor_name().encode()[: _DEPARTURE_BYTES - 24]
+        payload[24 : 24 + len(host)] = np.frombuffer(host, dtype=np.uint8)
+        if self.board is not None:  # this host's ranks read it on the board
+            self.board.row[_ArrivalBoard.SEQUENCE : _ArrivalBoard.ENTERED] = (last, code)
+            self.board.row[_ArrivalBoard.ENDED] = last + 1
+            self.board.window.Sync()
+        # Messages only where there is no board, and only to ranks that wait for this one, and so are alive: a message
+        # to a rank that has finalized can end the job (seen with MPICH: the sender killed at exit, now and then, when
+        # rank 0 told every rank at every exit).
+        requests = [COMM_WORLD.Isend(payload, dest=r, tag=_DEPARTED_TAG) for r in self._ranks_waiting_for(last)]
+        MPI.Request.Waitall(requests)  # 96 bytes: sent at once (eagerly)
+        if gave_up:
+            # The collective this rank gave up in left its MPI requests pending, and MPICH's MPI_Finalize, which runs
+            # after this, says so ("Builtin communicator ... has pending N references"): the error said what matters.
+            sys.stderr.flush()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+            os.close(devnull)
+
+    def _ranks_waiting_for(self, last: int) -> list[int]:
+        """Before the job's first collective has set up the board: rank 0, which waits in it for every rank (when
+        this rank went through none); rank 0, when it gave up in it, tells the ranks that have not ended. With the
+        board, nobody: this host's ranks read it there, and ranks on other hosts find this one by their stall limit."""
+        if self.board is not None or last > 0:
+            return []
+        if COMM_WORLD.Get_rank() != 0:
+            return [0]
+        return [r for r in range(1, COMM_WORLD.Get_size()) if r not in self.departed] if self.gave_up else []
+
+    def _ended_before(self, sequence: int) -> list[int]:
+        """The ranks known to have ended before collective ``sequence``, after reading what has come."""
+        status, scratch = MPI.Status(), np.zeros(_DEPARTURE_BYTES, dtype=np.uint8)
+        while COMM_WORLD.Iprobe(source=MPI.ANY_SOURCE, tag=_DEPARTED_TAG, status=status):
+            COMM_WORLD.Recv(scratch, source=status.Get_source(), tag=_DEPARTED_TAG)
+            last, code, pid = (int(v) for v in scratch[:24].view(np.int64))
+            self.departed[status.Get_source()] = (last, code, pid, scratch[24:].tobytes().rstrip(b"\0").decode())
+        if self.board is not None:
+            for r, last, code, pid in self.board.ended():
+                self.departed[r] = (last, code, pid, self.board.host_names[r])
+        return sorted(r for r, (last, *_) in self.departed.items() if last < sequence)
 
     def set_up_board(self) -> None:
         """Create the arrival board (and, across hosts, the meeting communicator). Collective over COMM_WORLD."""
         if self.board is not None or COMM_WORLD.Get_size() == 1:
             return
         self.board = _ArrivalBoard()
+        self.board.row[: _ArrivalBoard.HEARTBEAT] = (self.sequence, self.code, time.monotonic_ns())
         if self.heartbeats:
             self.board.row[_ArrivalBoard.HEARTBEAT] = time.monotonic_ns()
         if not self.board.covers_all:
@@ -234,7 +333,7 @@ class StallWatch:
         if board is not None:
             now_ns = int(now * 1e9)
             for r, seq, code, alive_ns, beat_ns in board.missing(sequence):
-                entered = f"{self.names[code]}, collective #{seq}" if code >= 0 else "no collective yet"
+                entered = f"{collective_name(code)}, collective #{seq}" if code >= 0 else "no collective yet"
                 suspects.append(_Suspect(r, max(0.0, (now_ns - alive_ns) / 1e9), beat_ns > 0, False, entered))
             on_board.update(board.world_ranks)
         if late is not None:
@@ -269,17 +368,24 @@ class StallWatch:
         while not done():
             now = time.monotonic()
             if self.deadline is not None and self.deadline[0] <= now:
+                self.gave_up = sequence
                 suspects = self._suspects(sequence, started, now, late)
                 raise CollectiveStallError(self._message(what, sequence, now - started, self.deadline[1],
                                                          suspects, [], note),
                                            [s.rank for s in suspects if s.rank >= 0])
-            if now >= next_check and self.limit is not None:
+            if now >= next_check and (ended := self._ended_before(sequence)) and not done():
+                self.gave_up = sequence
+                raise RankEndedError(self._ended_message(what, sequence, ended), ended)
+            if now >= next_check and self.limit is None:
+                next_check = now + CHECK_EVERY_S
+            elif now >= next_check:
                 suspects = self._suspects(sequence, started, now, late)
                 blamed = [s for s in suspects if s.silent_s >= self._allowed_s(s, warm_up) + extra_s
                           and not (s.blind and rank0_judges)]
                 if blamed and done():  # the last rank arrived while its lateness was being judged
                     break
                 if blamed:
+                    self.gave_up = sequence
                     raise CollectiveStallError(self._message(what, sequence, now - started, None, suspects, blamed,
                                                              note), [s.rank for s in blamed if s.rank >= 0])
                 self._waiting(now)
@@ -324,6 +430,15 @@ class StallWatch:
         return message + ("; a rank is stuck or dead (a rank that is slow but healthy should call mpi_util.heartbeat()"
                           " in its long loops, or the job needs a longer stall timeout)")
 
+    def _ended_message(self, what: str, sequence: int, ended: list[int]) -> str:
+        rank = COMM_WORLD.Get_rank()
+        last, code, _, _ = self.departed[ended[0]]
+        after = f"after {collective_name(code)} (its collective #{last})" if last else "before any collective"
+        names = few(f"rank {r} (on host {self.departed[r][3]}, pid {self.departed[r][2]})" for r in ended)
+        return (f"rank {rank}{self._where(rank)} waits in {what} (collective #{sequence}) for {names}, whose script "
+                f"has ended (returned, exited or raised) {after}: every rank must call the same collectives the same "
+                "number of times")
+
     def _where(self, r: int) -> str:
         """' (on HOST)' for world rank ``r`` when the ranks span hosts, else nothing."""
         board = self.board
@@ -331,6 +446,8 @@ class StallWatch:
 
 
 watch = StallWatch()
+if MPI.Is_initialized() and COMM_WORLD.Get_size() > 1:  # a rank of a job (not a multiprocessing child of one)
+    atexit.register(watch._announce_departure)
 
 
 def heartbeat() -> None:

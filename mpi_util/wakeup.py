@@ -33,7 +33,7 @@ _FUTEX_WAIT = 0
 _FUTEX_WAKE = 1
 _WAKE_ALL = 2**31 - 1
 # int64 values each rank can post in one exchange through the window (HostTransport.exchange in host.py, on one host).
-EXCHANGE_WIDTH = 4
+EXCHANGE_WIDTH = 5
 
 
 class _Timespec(ctypes.Structure):
