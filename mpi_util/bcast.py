@@ -302,8 +302,12 @@ def _describe_tree_mismatch(signatures: list[tuple[list[str], list[tuple]]]) -> 
                     f"rank0_bcast_tree: rank {r} leaf {path} is {np.dtype(dtype)}{list(shape)} but rank 0 has "
                     f"{np.dtype(ref_dtype)}{list(ref_shape)}; {fix}"
                 )
-        if len(leaves) != len(reference):
-            return f"rank0_bcast_tree: rank {r} has {len(leaves)} leaves but rank 0 has {len(reference)}; {fix}"
+        if len(leaves) > len(reference):
+            return (f"rank0_bcast_tree: rank {r} has leaf {leaves[len(reference)][0]}, which rank 0 has not "
+                    f"({len(leaves)} leaves against {len(reference)}); {fix}")
+        if len(leaves) < len(reference):
+            return (f"rank0_bcast_tree: rank 0 has leaf {reference[len(leaves)][0]}, which rank {r} has not "
+                    f"({len(reference)} leaves against {len(leaves)}); {fix}")
         for node, ref_node in zip(nodes, ref_nodes, strict=False):
             if node != ref_node:
                 return f"rank0_bcast_tree: rank {r} has {node} where rank 0 has {ref_node}; {fix}"

@@ -312,7 +312,7 @@ def test_bcast_tree_returns_rank0_values_in_each_rank_structure(run_mpi, tmp_pat
         "key": "rank 2 has leaf tree['b'] where rank 0 has tree['a']",
         "shape": "rank 2 leaf tree['opt'].mu[0] is float64[2, 3] but rank 0 has float64[3, 2]",
         "container": "rank 2 has tree['layers']: tuple where rank 0 has tree['layers']: list",
-        "count": "rank 2 has 3 leaves but rank 0 has 2",
+        "count": "rank 2 has leaf tree[2], which rank 0 has not (3 leaves against 2)",
     }
     for case, fragment in fragments.items():
         messages = {got[r]["errors"][case] for r in range(3)}
