@@ -387,8 +387,8 @@ STRACE_CASES = {
 CASES: dict[str, Callable[[Path], Row]] = {
     **{name: (lambda work, spec=spec: strace_case(work, *spec)) for name, spec in STRACE_CASES.items()},
     "full_disk": full_disk,
-    "nan_observation": lambda work: fault_env_case(work, "NaN reward on rank 1 at its step 300",
-                                                   {"FAULT_KIND": "nan", "FAULT_RANK": "1", "FAULT_AT_STEP": "300"},
+    "nan_observation": lambda work: fault_env_case(work, "NaN reward on rank 1 at its step 700",
+                                                   {"FAULT_KIND": "nan", "FAULT_RANK": "1", "FAULT_AT_STEP": "700"},
                                                    ENDLESS),
     "failing_reset": lambda work: fault_env_case(work, "reset raises on rank 1 after its step 700",
                                                  {"FAULT_KIND": "reset", "FAULT_RANK": "1", "FAULT_AT_STEP": "700"},
@@ -419,7 +419,7 @@ def write_results(out: Path, table: list[Row], command: str, wall_s: float) -> N
     lines = [
         "# Fault table", "",
         f"Command: `{command}`  ", f"Machine: {machine['nproc']}-core {machine['cpu_model']}, {machine['memory']}, "
-        f"{machine['os']}, Python {machine['python']}  ", f"Versions: {versions_line()}  ",
+        f"{machine['os']}, Python {machine['python']}  ", f"{versions_line()}  ",
         f"Date: {machine['date_utc']}; commit {machine['commit']} (modified: {machine['modified']}); "
         f"{wall_s / 60:.1f} minutes in all", "",
         "| case | fault | exit | s | rows lost | steps to redo | processes left | files left | resumed | last line |",
