@@ -72,9 +72,9 @@ class TrainConfig:
     check_sync: bool = False
     """Verify after every broadcast that all ranks hold bit-identical learner state."""
     stall_timeout: float | str = "auto"
-    """Abort the job when a rank waits this long for the others in a collective: "auto" (the first two calls of each
-    collective may wait 10 minutes, later ones 10x the slowest wait seen so far, at least 60 s), a number of seconds,
-    or 0 (never)."""
+    """Abort the job when a rank that has not reached a collective shows no progress (env steps, update epochs) for
+    this long: "auto" (60 s, or 10x the longest pause seen once each collective is past its first two calls; 120 s
+    before a rank's first step), a number of seconds, or 0 (never)."""
     stop_grace: float = 30.0
     """After a stop request (Ctrl-C, SIGTERM), seconds the ranks wait for each other before the job ends without a
     final checkpoint: a scheduler that preempts a job usually allows 30 s or more before it kills it."""

@@ -218,7 +218,7 @@ def mpi_fork(
     (a usage error, by convention), not once Ctrl-C / SIGTERM has reached this process. on_failure: called before
     each restart with a ``JobFailure``; returns the arguments to run the script with this time (what follows the
     script's name), or None to end without restarting; it says what it does. Default: the same arguments, said as
-    "mpi_util: <cause>; restarting (restart 1 of K)". The ranks' files that MPI leaves in /dev/shm after an abnormal
+    "mpi_util: CAUSE; restarting (restart 1 of K)". The ranks' files that MPI leaves in /dev/shm after an abnormal
     end are removed. ValueError, before anything starts, when ``n`` ranks, with their threads, exceed this user's
     process limit (ulimit -u) or a cgroup's (pids.max: containers, systemd, batch schedulers);
     a one-line warning when ``n`` exceeds 4 per CPU this process may use (both only for a job on this host alone).
