@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +40,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from scaling import fmt, load_average, machine_lines, median, pretty_command, table, write_csv
+from scaling import fmt, machine_lines, median, pretty_command, run_for_result, table, write_csv
 
 REPO = Path(__file__).resolve().parent.parent
 # mpi_util.sb3._ARS_PHASES, the keys of model._mpi.seconds (this driver does not import mpi_util: it launches MPI jobs)
@@ -169,16 +167,8 @@ def main() -> int:
                 command = [sys.executable, __file__, "--run", kind, str(n), str(seed), "--env", args.env,
                            "--total_steps", str(args.total_steps), "--n_delta", str(args.n_delta), "--n_top",
                            str(args.n_top), "--result", str(result_path)]
-                load = load_average()
-                t0 = time.perf_counter()
-                proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=args.timeout,
-                                      env={**os.environ, "PYTHONPATH": str(REPO)})
-                wall = time.perf_counter() - t0
-                if proc.returncode != 0 or not result_path.exists():
-                    print(proc.stdout[-2000:], proc.stderr[-3000:], file=sys.stderr)
-                    raise SystemExit(f"ars_mpi: {label(kind, n)}, seed {seed} failed with exit status "
-                                     f"{proc.returncode}")
-                result = json.loads(result_path.read_text())
+                result, wall, load = run_for_result(command, result_path, args.timeout,
+                                                    f"ars_mpi: {label(kind, n)}, seed {seed}")
                 run = {"seed": seed, "system": label(kind, n), "kind": kind, "n": n, **result,
                        "steps_per_s": result["steps"] / result["learn_s"], "process_wall_s": wall,
                        "load_before": load}

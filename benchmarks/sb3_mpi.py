@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +33,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from scaling import fmt, load_average, machine_lines, median, pretty_command, table, write_csv
+from scaling import fmt, machine_lines, median, pretty_command, run_for_result, table, write_csv
 
 REPO = Path(__file__).resolve().parent.parent
 BATCH_STEPS = 2048  # rows per PPO update, over all envs and ranks
@@ -139,15 +137,7 @@ def main() -> int:
                 command = [sys.executable, __file__, "--run", kind, str(n), "--env", args.env,
                            "--total_steps", str(args.total_steps), "--seed", str(args.seed), "--device", args.device,
                            "--result", str(result_path)]
-                load = load_average()
-                t0 = time.perf_counter()
-                proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=args.timeout,
-                                      env={**os.environ, "PYTHONPATH": str(REPO)})
-                wall = time.perf_counter() - t0
-                if proc.returncode != 0 or not result_path.exists():
-                    print(proc.stdout[-2000:], proc.stderr[-3000:], file=sys.stderr)
-                    raise SystemExit(f"sb3_mpi: {label(kind, n)} failed with exit status {proc.returncode}")
-                result = json.loads(result_path.read_text())
+                result, wall, load = run_for_result(command, result_path, args.timeout, f"sb3_mpi: {label(kind, n)}")
                 run = {"repeat": repeat, "system": label(kind, n), "kind": kind, "n": n,
                        "steps": result["steps"], "steps_per_s": result["steps"] / result["learn_s"],
                        "learn_s": result["learn_s"], "process_wall_s": wall, "final_return": result["final_return"],

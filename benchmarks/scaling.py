@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import json
 import math
 import os
 import platform
@@ -89,6 +90,21 @@ class TrainRun:
 def load_average() -> float:
     """The 1-minute load average."""
     return os.getloadavg()[0]
+
+
+def run_for_result(command: list[str], result_path: Path, timeout_s: float, what: str) -> tuple[dict, float, float]:
+    """Run ``command`` (a benchmark's child, which writes its result as JSON to ``result_path``) from the repository
+    root; (that result, wall seconds, the 1-minute load average before it). A failed child's output is printed and
+    ends the benchmark with SystemExit naming ``what``."""
+    load = load_average()
+    started = time.perf_counter()
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    wall = time.perf_counter() - started
+    if proc.returncode != 0 or not result_path.exists():
+        print(proc.stdout[-2000:], proc.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"{what} failed with exit status {proc.returncode}")
+    return json.loads(result_path.read_text()), wall, load
 
 
 def run_logged(command: list[str], log_path: Path, timeout_s: float) -> tuple[int, float]:
