@@ -47,12 +47,10 @@ from faults import (
     TIMING_COLUMNS,
     TRAIN,
     Launch,
-    Tracker,
     descendants,
     describe_machine,
     kill_quietly,
     pgrep,
-    train_env,
 )
 from scaling import versions_line
 
@@ -140,14 +138,7 @@ def start(work: Path, label: str, *args: str, env: dict[str, str] | None = None,
           prefix: tuple[str, ...] = ()) -> Launch:
     """``train.py ARGS`` (after ``prefix``: strace, a cgroup) as its own session, with ``env`` added."""
     work.mkdir(parents=True, exist_ok=True)
-    argv = [*prefix, sys.executable, str(TRAIN), *args]
-    out, err = work / f"{label}.out", work / f"{label}.err"
-    with open(out, "w") as stdout, open(err, "w") as stderr:
-        proc = subprocess.Popen(argv, cwd=REPO, env={**train_env(), **(env or {})}, stdout=stdout, stderr=stderr,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    launch = Launch(label, argv, out, err, proc, Tracker(proc.pid), time.monotonic())
-    launch.tracker.scan()
-    return launch
+    return Launch.start(label, [*prefix, sys.executable, str(TRAIN), *args], work, env)
 
 
 def wait(launch: Launch, condition: Callable[[], bool], what: str) -> None:

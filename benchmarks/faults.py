@@ -321,10 +321,11 @@ class Launch:
     linger_s: float = 0.0
 
     @classmethod
-    def start(cls, label: str, argv: list[str], log_dir: Path) -> Launch:
+    def start(cls, label: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Launch:
+        """``argv`` as its own session, its output in LOG_DIR/LABEL.out and .err; ``env`` added to train_env()."""
         out, err = log_dir / f"{label}.out", log_dir / f"{label}.err"
         with open(out, "w") as stdout, open(err, "w") as stderr:
-            proc = subprocess.Popen(argv, cwd=REPO, env=train_env(), stdout=stdout, stderr=stderr,
+            proc = subprocess.Popen(argv, cwd=REPO, env={**train_env(), **(env or {})}, stdout=stdout, stderr=stderr,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         launch = cls(label, argv, out, err, proc, Tracker(proc.pid), time.monotonic())
         launch.tracker.scan()

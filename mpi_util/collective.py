@@ -101,9 +101,9 @@ def _meet_through_rank0(comm: MPI.Comm, mine: np.ndarray, everyone: np.ndarray, 
 def meet(comm: MPI.Comm, what: str) -> None:
     """Block until every rank of ``comm`` has called ``meet``, without spinning the CPU."""
     if comm.Get_size() > 1:
-        # One value, not none: through rank 0 a zero-byte Issend and Ibcast completed at once on MPICH (seen across
-        # two hosts: ranks 1 and 2 went through two meets before the last rank had entered the first).
-        meet_and_exchange(comm, [0], what)
+        # Never zero bytes: every meet carries the collective's code (through rank 0 a zero-byte Issend and Ibcast
+        # completed at once on MPICH, seen across two hosts: ranks went through two meets before the last had entered).
+        meet_and_exchange(comm, [], what)
 
 
 def move_data(comm: MPI.Comm, post: Callable[[], list[MPI.Request]], what: str) -> None:
