@@ -138,7 +138,8 @@ def test_repeated_stop_signals_while_rank_0_writes_never_break_its_output(tmp_pa
         "print('ready', flush=True)\n"
         "line = 'x' * 4000\n"
         "while stop.signum is None:\n"
-        "    print(line, flush=True)\n"
+        "    sys.stdout.write(line + '\\n')\n"  # one write per line, as the logger's rows
+        "    sys.stdout.flush()\n"
         "stop.take()\n"
     )
     for _ in range(12):
@@ -146,7 +147,7 @@ def test_repeated_stop_signals_while_rank_0_writes_never_break_its_output(tmp_pa
                                stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
         try:
             assert job.stdout.readline() == "ready\n"
-            for _ in range(20):  # the process is inside print() nearly all the time: let the signal land there
+            for _ in range(20):  # the process is inside a write nearly all the time: let the signal land there
                 job.stdout.readline()
             job.send_signal(signal.SIGTERM)
             stdout, stderr = job.communicate(timeout=30)
