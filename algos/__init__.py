@@ -1,7 +1,7 @@
 """TRPO, PPO and what they share: GAE, observation/return normalizers, networks, policy and rollout.
 
-The names below are imported on first use (PEP 562), so that ``import algos.checkpoint`` or ``algos.play`` does
-not pull in TensorFlow: ``--play`` and the rollout workers need numpy only.
+The names below are imported on first use (PEP 562), so that ``import algos.rollout`` or ``algos.numpy_actor``
+does not pull in TensorFlow: ``--play`` and the rollout workers need numpy only.
 """
 
 from __future__ import annotations

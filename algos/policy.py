@@ -34,7 +34,7 @@ class ActorCritic:
         self,
         obs_dim: int,
         action_space: gymnasium.spaces.Box | gymnasium.spaces.Discrete,
-        hidden: tuple[int, ...] = (64, 64),
+        hidden: tuple[int, ...],
         init_log_std: float = 0.0,
     ) -> None:
         if isinstance(action_space, gymnasium.spaces.Discrete):

@@ -9,25 +9,29 @@ import tensorflow as tf
 from algos.adam import FusedAdam
 from algos.learner_batch import batch_specs, prepare_batch, weight_for_policy_lag
 from algos.policy import ActorCritic
+from algos.registry import ALGORITHMS
 from mpi_util.stall import heartbeat
 
 if TYPE_CHECKING:
-    from algos.config import TrainConfig
+    from trainer.config import TrainConfig
+
+
+_DEFAULTS = ALGORITHMS["ppo"].defaults  # train.py's options and this class share one set of defaults
 
 
 @dataclass
 class PPOConfig:
     """PPO hyperparameters."""
 
-    lr: float = 3e-4
+    lr: float = _DEFAULTS["lr"]
     """Adam learning rate for the policy, log_std and value function together."""
-    epochs: int = 10
+    epochs: int = _DEFAULTS["epochs"]
     """Passes over the batch per update (fewer when target_kl stops them early)."""
-    minibatch_size: int = 64
+    minibatch_size: int = _DEFAULTS["minibatch_size"]
     """Rows per gradient step; the last minibatch of an epoch holds the remainder."""
     clip_ratio: float = 0.2
     """The probability ratio is clipped to [1 - clip_ratio, 1 + clip_ratio] in the surrogate."""
-    target_kl: float | None = 0.02
+    target_kl: float | None = _DEFAULTS["kl_targ"]
     """Early-stop epochs when an epoch's mean approx KL exceeds 1.5 * target_kl; None never stops early."""
     vf_coef: float = 0.5
     """Weight of the value loss (mean squared error on normalized returns) in the total loss."""
@@ -182,7 +186,6 @@ class PPO:
 
 
 def from_config(ac: ActorCritic, config: "TrainConfig") -> PPO:
-    """train.py's PPO (algos.registry): --lr, --epochs, --minibatch_size, --kl_targ (target_kl, 0.02 when not
-    given) and --seed."""
+    """train.py's PPO (algos.registry): --lr, --epochs, --minibatch_size, --kl_targ (target_kl) and --seed."""
     return PPO(ac, PPOConfig(lr=config.lr, epochs=config.epochs, minibatch_size=config.minibatch_size,
-                             target_kl=config.kl_targ or 0.02), seed=config.seed)
+                             target_kl=config.kl_targ), seed=config.seed)

@@ -2,8 +2,9 @@
 
 Adding an algorithm is one new module in algos/ and one line in ALGORITHMS: the module holds a class that satisfies
 ``Algorithm`` and a function ``f(ac: ActorCritic, config: TrainConfig) -> Algorithm`` that builds it; the line names
-that function and gives the default --lr and the TrainConfig fields the algorithm reads. train.py's --algo choices,
-its default --lr and rank 0's learner all come from ALGORITHMS.
+that function and gives the defaults of the train.py options the algorithm reads (--lr, --kl_targ, ...). train.py's
+--algo choices, those options' defaults and their --help, and rank 0's learner all come from ALGORITHMS; the
+algorithm's own configuration class takes its defaults from here too, so that each is written once.
 
 This module imports neither TensorFlow nor the algorithms: an algorithm's module is imported by name when rank 0
 builds its learner, so that the launcher, the rollout workers and --play stay numpy only.
@@ -18,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import numpy as np
 
-    from algos.config import TrainConfig
     from algos.policy import ActorCritic
+    from trainer.config import TrainConfig
 
 
 @runtime_checkable
@@ -39,7 +40,7 @@ class Algorithm(Protocol):
 
     def set_learning_rate(self, lr: float) -> None:
         """The learning rate of the next updates: train.py calls it before each update when the algorithm reads
-        "lr_schedule" (AlgorithmSpec.settings) and --lr_schedule is linear."""
+        "lr_schedule" (in AlgorithmSpec.defaults) and --lr_schedule is linear."""
 
     def optimizer_state(self) -> list[np.ndarray]:
         """Copies of the optimizer's arrays in a fixed order, for the checkpoint ([] when there is none)."""
@@ -60,11 +61,10 @@ class AlgorithmSpec:
 
     builder: str
     """"module:function", imported on rank 0 only: function(ac: ActorCritic, config: TrainConfig) -> Algorithm."""
-    default_lr: float
-    """--lr when it is not given (config.json records the value used)."""
-    settings: tuple[str, ...]
-    """The TrainConfig fields the algorithm reads besides seed; with "lr_schedule", train.py sets the learning rate
-    before every update (set_learning_rate) as --lr_schedule says."""
+    defaults: dict[str, Any]
+    """The TrainConfig fields the algorithm reads besides seed, with their defaults (what --help shows and
+    config.json records when an option is not given). With "lr_schedule", train.py sets the learning rate before
+    every update (set_learning_rate) as --lr_schedule says. An option the algorithm does not read is refused."""
 
     def build(self, ac: ActorCritic, config: TrainConfig) -> Algorithm:
         """The algorithm for ``ac`` and ``config`` (imports its module, and TensorFlow with it)."""
@@ -73,7 +73,8 @@ class AlgorithmSpec:
 
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
-    "ppo": AlgorithmSpec("algos.ppo:from_config", 3e-4, ("lr", "lr_schedule", "epochs", "minibatch_size", "kl_targ")),
-    "trpo": AlgorithmSpec("algos.trpo:from_config", 1e-3, ("lr", "minibatch_size", "kl_targ")),
+    "ppo": AlgorithmSpec("algos.ppo:from_config", {"lr": 3e-4, "lr_schedule": "linear", "epochs": 10,
+                                                   "minibatch_size": 64, "kl_targ": 0.02}),
+    "trpo": AlgorithmSpec("algos.trpo:from_config", {"lr": 1e-3, "minibatch_size": 64, "kl_targ": 0.01}),
 }
 """train.py's --algo NAME -> how to build that algorithm."""

@@ -10,17 +10,21 @@ import tensorflow as tf
 from algos.adam import FusedAdam
 from algos.learner_batch import LearnerBatch, batch_specs, prepare_batch, weight_for_policy_lag
 from algos.policy import ActorCritic
+from algos.registry import ALGORITHMS
 from mpi_util.stall import heartbeat
 
 if TYPE_CHECKING:
-    from algos.config import TrainConfig
+    from trainer.config import TrainConfig
+
+
+_DEFAULTS = ALGORITHMS["trpo"].defaults  # train.py's options and this class share one set of defaults
 
 
 @dataclass
 class TRPOConfig:
     """TRPO hyperparameters."""
 
-    max_kl: float = 0.01
+    max_kl: float = _DEFAULTS["kl_targ"]
     """Trust region: the largest mean KL(old || new) over the batch a policy step may have."""
     cg_iters: int = 10
     """Conjugate gradient iterations solving F x = g for the natural gradient direction."""
@@ -30,11 +34,11 @@ class TRPOConfig:
     """Line search tries at most this many step sizes before keeping the old policy."""
     backtrack_coef: float = 0.8
     """Each line search try shrinks the step by this factor."""
-    vf_lr: float = 1e-3
+    vf_lr: float = _DEFAULTS["lr"]
     """Adam learning rate of the value function."""
     vf_epochs: int = 5
     """Passes over the batch fitting the value function per update."""
-    vf_minibatch_size: int = 64
+    vf_minibatch_size: int = _DEFAULTS["minibatch_size"]
     """Rows per value function gradient step; the last minibatch of an epoch holds the remainder."""
 
 
@@ -226,9 +230,9 @@ class TRPO:
 
 
 def from_config(ac: ActorCritic, config: "TrainConfig") -> TRPO:
-    """train.py's TRPO (algos.registry): --kl_targ (max_kl, 0.01 when not given), --lr (vf_lr), --minibatch_size
-    (vf_minibatch_size) and --seed."""
-    return TRPO(ac, TRPOConfig(max_kl=config.kl_targ or 0.01, vf_lr=config.lr, vf_minibatch_size=config.minibatch_size),
+    """train.py's TRPO (algos.registry): --kl_targ (max_kl), --lr (vf_lr), --minibatch_size (vf_minibatch_size) and
+    --seed."""
+    return TRPO(ac, TRPOConfig(max_kl=config.kl_targ, vf_lr=config.lr, vf_minibatch_size=config.minibatch_size),
                 seed=config.seed)
 
 

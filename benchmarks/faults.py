@@ -75,7 +75,7 @@ from typing import Any
 import numpy as np
 from scaling import versions_line
 
-from algos.env_state import restore_env
+from trainer.env_state import restore_env
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "train.py"
@@ -97,7 +97,7 @@ CODE_GLOBS = ("train.py", "algos/*.py", "mpi_util/*.py")
 
 
 def load_checkpoint_module() -> ModuleType:
-    """algos/checkpoint.py by its path: importing the algos package would import TensorFlow into this driver."""
+    """trainer/checkpoint.py by its path: importing the algos package would import TensorFlow into this driver."""
     spec = importlib.util.spec_from_file_location("_mpi_batch_rl_checkpoint", REPO / "algos" / "checkpoint.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

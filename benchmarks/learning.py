@@ -96,10 +96,10 @@ def config_differences(run_dir: Path, train_args: list[str]) -> list[str]:
     ``train.py TRAIN_ARGS`` would configure with the code as it is now (a default may have changed since)."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    import train
-    from algos.config import build_config, load_saved_config
+    from trainer.config import build_config, load_saved_config
+    from trainer.options import parse_args
 
-    now = asdict(build_config(train.parse_args(train_args))[0])
+    now = asdict(build_config(parse_args(train_args))[0])
     there = load_saved_config(run_dir)
     # What may differ between launches of one run: the resume passes its own nprocs and budget.
     launch_settings = {"nprocs", "gpu_pct", "total_steps", "num_episodes", "check_sync", "stall_timeout"}

@@ -112,7 +112,7 @@ def rollout_loop(env_id: str, seed: int, steps: int, n_envs: int = 1) -> tuple[C
 
     env = gymnasium.make(env_id)
     keras.utils.set_random_seed(seed)
-    ac = ActorCritic(env.observation_space.shape[0], env.action_space)
+    ac = ActorCritic(env.observation_space.shape[0], env.action_space, hidden=(64, 64))
     actor = ac.numpy_actor()
     worker = RolloutWorker([env] + [gymnasium.make(env_id) for _ in range(n_envs - 1)], seed=seed, gamma=0.99,
                            lam=0.95)

@@ -265,10 +265,10 @@ def fmt(value: float, digits: int = 0) -> str:
 
 
 def versions_line() -> str:
-    """The results.md line that records the software stack and CPU a benchmark ran on (algos/versions.py)."""
+    """The results.md line that records the software stack and CPU a benchmark ran on (trainer/versions.py)."""
     # Imported here, not with this module: benchmarks that import scaling may go on to import another checkout's
     # algos (update.py's baseline), which an algos already in sys.modules would shadow.
-    from algos.versions import stack_versions
+    from trainer.versions import stack_versions
 
     return "- versions: " + ", ".join(f"{name} {value}" for name, value in stack_versions().items())
 

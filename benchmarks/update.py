@@ -131,7 +131,7 @@ def walker2d_ppo() -> tuple[Any, tuple]:
     from algos import PPO, ActorCritic, PPOConfig
 
     keras.utils.set_random_seed(0)
-    ac = ActorCritic(17, gymnasium.spaces.Box(-1.0, 1.0, (6,), np.float32))
+    ac = ActorCritic(17, gymnasium.spaces.Box(-1.0, 1.0, (6,), np.float32), hidden=(64, 64))
     ppo = PPO(ac, PPOConfig(target_kl=None), seed=0)
     rng = np.random.default_rng(0)
     rows = 2048

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from algos.config import TrainConfig
     from algos.policy import ActorCritic
+    from trainer.config import TrainConfig
 
 
 class ObsNormOnly:

@@ -6,7 +6,7 @@ import zlib
 import gymnasium
 import numpy as np
 
-from algos.env_state import restore_env, snapshot_env
+from trainer.env_state import restore_env, snapshot_env
 
 
 def run(env: gymnasium.Env, actions: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""algos.kernels: train.py's ranks run OpenBLAS's Haswell kernels and one BLAS thread wherever they can."""
+"""trainer.kernels: train.py's ranks run OpenBLAS's Haswell kernels and one BLAS thread wherever they can."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import pytest
 from conftest import run_bounded
 
-from algos.kernels import pin_numeric_kernels
+from trainer.kernels import pin_numeric_kernels
 
 
 def test_x86_cpus_with_avx2_and_fma_get_the_haswell_kernels_and_one_thread():
@@ -33,7 +33,7 @@ def test_what_the_user_set_is_kept():
 
 PROBE = """
 import ctypes, glob, os, sys
-from algos.kernels import pin_numeric_kernels
+from trainer.kernels import pin_numeric_kernels
 os.environ.pop("OPENBLAS_CORETYPE", None)
 pin_numeric_kernels()
 import numpy

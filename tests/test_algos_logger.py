@@ -3,7 +3,7 @@
 import io
 import math
 
-from algos.logger import RunLogger
+from trainer.logger import RunLogger
 
 
 def rows(total_steps: int, per_iteration: int) -> list[dict]:

@@ -58,7 +58,8 @@ def test_variables_and_broadcast_state():
     state = ac.broadcast_state()
     assert len(state) == len(variables) + 6
     assert state[-6] is ac.obs_rms.mean and state[-1] is ac.ret_rms.count
-    assert ActorCritic(5, DISCRETE).log_std is None and len(ActorCritic(5, DISCRETE).variables()) == 12
+    discrete_ac = ActorCritic(5, DISCRETE, (64, 64))
+    assert discrete_ac.log_std is None and len(discrete_ac.variables()) == 12
 
 
 def test_numpy_actor_matches_tf_box():

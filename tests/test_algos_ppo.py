@@ -17,7 +17,7 @@ STAT_KEYS = {"pi_loss", "v_loss", "entropy", "kl", "clip_frac", "epochs", "expla
 
 def make_learner(seed: int, cfg: PPOConfig | None = None) -> tuple[ActorCritic, PPO]:
     keras.utils.set_random_seed(seed)
-    ac = ActorCritic(4, gymnasium.make("CartPole-v1").action_space)
+    ac = ActorCritic(4, gymnasium.make("CartPole-v1").action_space, hidden=(64, 64))
     return ac, PPO(ac, cfg or PPOConfig(), seed=seed)
 
 
@@ -143,7 +143,7 @@ def test_update_matches_a_plain_keras_update_on_a_fixed_batch():
     learners = []
     for _ in range(2):
         keras.utils.set_random_seed(0)
-        learners.append(ActorCritic(17, action_space))
+        learners.append(ActorCritic(17, action_space, hidden=(64, 64)))
     fast, plain = learners
     initial = [v.numpy() for v in fast.variables()]
     stats = PPO(fast, cfg, seed=5).update(**{k: batch[k] for k in ("obs", "act", "adv", "ret")})

@@ -14,14 +14,14 @@ import gymnasium
 import pytest
 from conftest import REPO, run_bounded
 
-from algos.config import TrainConfig
 from algos.registry import ALGORITHMS, Algorithm
+from trainer.config import TrainConfig
 
 TESTS = Path(__file__).resolve().parent
 # train.py with one more registry line, added at run time: the entry a new algorithm's author adds to ALGORITHMS.
 REGISTER = ("import sys, train, algos.registry as registry\n"
-            "registry.ALGORITHMS['obsnorm'] = registry.AlgorithmSpec('numpy_algo:from_config', 0.25, "
-            "('lr', 'lr_schedule'))\n"
+            "registry.ALGORITHMS['obsnorm'] = registry.AlgorithmSpec('numpy_algo:from_config', "
+            "{'lr': 0.25, 'lr_schedule': 'linear'})\n"
             "sys.exit(train.main())\n")
 
 
@@ -36,23 +36,26 @@ def progress(run_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_every_entry_names_its_settings_and_a_default_lr():
-    names = {f.name for f in fields(TrainConfig)}
+def test_every_entry_owns_the_defaults_of_the_settings_it_reads():
+    # An algorithm's settings are TrainConfig fields whose default is the algorithm's: stated in its registry line
+    # and nowhere else (TrainConfig holds None for them until build_config fills the algorithm's value in).
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
     for name, spec in ALGORITHMS.items():
-        assert set(spec.settings) <= names, (name, set(spec.settings) - names)
-        assert spec.default_lr > 0 and ":" in spec.builder, name
-    assert (ALGORITHMS["ppo"].default_lr, ALGORITHMS["trpo"].default_lr) == (3e-4, 1e-3)
+        assert ":" in spec.builder and "lr" in spec.defaults, name
+        for setting, value in spec.defaults.items():
+            assert setting in defaults and defaults[setting] is None and value is not None, (name, setting)
+    assert (ALGORITHMS["ppo"].defaults["lr"], ALGORITHMS["trpo"].defaults["lr"]) == (3e-4, 1e-3)
 
 
 def test_a_run_of_an_algorithm_no_longer_registered_is_refused_in_one_line():
-    from algos.config import check_config
+    from trainer.config import check_config
 
     with pytest.raises(ValueError, match=r"^--algo gone is not one this train.py knows \(ppo, trpo"):
         check_config(TrainConfig(env_id="CartPole-v1", algo="gone", lr=1e-3))
 
 
 def test_importing_the_registry_and_what_train_py_moved_out_imports_no_tensorflow():
-    code = ("import sys, algos.registry, algos.config, algos.resume, algos.run_dir; "
+    code = ("import sys, algos.registry, trainer.config, trainer.resume, trainer.run_dir; "
             "print('tensorflow' in sys.modules)")
     result = run_bounded([sys.executable, "-c", code], timeout=60)
     assert result.stdout.strip() == "False", result.stderr[-2000:]
@@ -62,8 +65,8 @@ def test_importing_the_registry_and_what_train_py_moved_out_imports_no_tensorflo
 def test_every_algorithm_builds_from_the_config_and_satisfies_the_protocol(name):
     from algos.policy import ActorCritic
 
-    config = TrainConfig(env_id="CartPole-v1", algo=name, lr=ALGORITHMS[name].default_lr)
-    algo = ALGORITHMS[name].build(ActorCritic(4, gymnasium.spaces.Discrete(2)), config)
+    config = TrainConfig(env_id="CartPole-v1", algo=name, **ALGORITHMS[name].defaults)
+    algo = ALGORITHMS[name].build(ActorCritic(4, gymnasium.spaces.Discrete(2), hidden=config.hidden), config)
     assert isinstance(algo, Algorithm)
 
 

@@ -32,7 +32,7 @@ class Recorder(gymnasium.Wrapper):
 def make_actor(env: gymnasium.Env, init_log_std: float = 0.0) -> NumpyActor:
     """A freshly initialized actor whose values are far from 0 (ret_rms holds made-up statistics)."""
     keras.utils.set_random_seed(0)
-    ac = ActorCritic(env.observation_space.shape[0], env.action_space, init_log_std=init_log_std)
+    ac = ActorCritic(env.observation_space.shape[0], env.action_space, hidden=(64, 64), init_log_std=init_log_std)
     ac.ret_rms.update(np.random.default_rng(0).normal(-5.0, 3.0, size=(50, 1)))
     return ac.numpy_actor()
 

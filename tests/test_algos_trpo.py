@@ -15,7 +15,7 @@ STAT_KEYS = {"pi_loss", "v_loss", "entropy", "kl", "backtracks", "explained_var"
 def make_learner(env_id: str, seed: int, cfg: TRPOConfig | None = None) -> tuple[ActorCritic, TRPO]:
     keras.utils.set_random_seed(seed)
     env = gymnasium.make(env_id)
-    ac = ActorCritic(env.observation_space.shape[0], env.action_space)
+    ac = ActorCritic(env.observation_space.shape[0], env.action_space, hidden=(64, 64))
     return ac, TRPO(ac, cfg or TRPOConfig(), seed=seed)
 
 

@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO, launcher, run_bounded
 from test_train import TRAIN, progress, train
 
-from algos.checkpoint import load_checkpoint
+from trainer.checkpoint import load_checkpoint
 
 FAULTY = "tests.faulty_env:FaultyPendulum-v0"
 
@@ -132,9 +132,10 @@ def test_repeated_stop_signals_while_rank_0_writes_never_break_its_output(tmp_pa
     # same stream raised "reentrant call" RuntimeError. Each round below signals a process that does nothing but
     # write, then checks it saw the request and printed the announcement (from a thread of its own) whole.
     script = (
-        "import sys, train\n"
+        "import sys\n"
         "from pathlib import Path\n"
-        "stop = train.StopRequest(grace_s=30.0, run_dir=Path('.'))\n"
+        "from trainer.stop import StopRequest\n"
+        "stop = StopRequest(grace_s=30.0, run_dir=Path('.'))\n"
         "print('ready', flush=True)\n"
         "line = 'x' * 4000\n"
         "while stop.signum is None:\n"

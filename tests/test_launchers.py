@@ -47,7 +47,7 @@ def test_train_started_by_mpirun_writes_one_run_directory_no_bar_and_what_nprocs
         started_by_mpirun = list(csv.DictReader(f))
     assert [int(row["total_steps"]) for row in started_by_mpirun] == [1024, 2048]
     # train.py --nprocs 2 starts the ranks itself (mpi_fork): the same numbers, to the last digit. Both fix BLAS's
-    # threads and kernels before numpy loads (algos/kernels.py); set after, they once moved the 8th digit.
+    # threads and kernels before numpy loads (trainer/kernels.py); set after, they once moved the 8th digit.
     forked = run_bounded([sys.executable, TRAIN, "CartPole-v1", "--nprocs", "2", "--total_steps", "2048",
                           "--batch_size", "1024", "--logdir", str(tmp_path / "forked")], timeout=240)
     assert forked.returncode == 0, forked.stderr[-3000:]

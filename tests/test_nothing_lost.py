@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, run_bounded
 from test_train import TRAIN, progress, reproducible_part, train
 
-from algos.checkpoint import list_checkpoints, load_latest_checkpoint
+from trainer.checkpoint import list_checkpoints, load_latest_checkpoint
 
 STRACE = shutil.which("strace")
 COMMON = ("CartPole-v1", "--nprocs", "2", "--batch_size", "1024", "--checkpoint_every", "2",

@@ -16,8 +16,8 @@ from conftest import REPO, run_bounded
 from test_train import TRAIN, progress, reproducible_part, train
 
 import mpi_util
-from algos.checkpoint import load_latest_checkpoint
 from mpi_util import launch
+from trainer.checkpoint import load_latest_checkpoint
 
 FAULTY = "tests.faulty_env:FaultyPendulum-v0"
 

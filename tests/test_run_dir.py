@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, launcher
 
-from algos.run_dir import OWNER_FILE, RunDirInUseError, create_run_dir, lock_run_dir, run_dir_name
+from trainer.run_dir import OWNER_FILE, RunDirInUseError, create_run_dir, lock_run_dir, run_dir_name
 
 TRAIN = str(REPO / "train.py")
 
@@ -25,7 +25,7 @@ TRAIN = str(REPO / "train.py")
 HOLDER = """
 import errno, sys
 from pathlib import Path
-from algos.run_dir import lock_run_dir
+from trainer.run_dir import lock_run_dir
 
 def refused(fd, operation):
     raise OSError(errno.ENOLCK, "No locks available")
@@ -64,7 +64,7 @@ def test_run_dir_name_adds_the_slurm_job_when_there_is_one():
 def test_processes_creating_one_name_at_once_each_get_their_own(tmp_path):
     # Six real processes create the same path at the same moment (they wait on one pipe, then race).
     path = tmp_path / "runs" / "Walker2d-v5_ppo_s0_20261124-120000"
-    racer = ("import sys; from pathlib import Path; from algos.run_dir import create_run_dir; sys.stdin.read(); "
+    racer = ("import sys; from pathlib import Path; from trainer.run_dir import create_run_dir; sys.stdin.read(); "
              "print(create_run_dir(Path(sys.argv[1])))")
     read_end, write_end = os.pipe()
     racers = [subprocess.Popen([sys.executable, "-c", racer, str(path)], stdin=read_end, stdout=subprocess.PIPE,

@@ -185,7 +185,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir, envs_per_r
 
 
 def test_resume_with_different_nprocs_keeps_counters_and_other_versions_are_named(runs_dir):
-    from algos.checkpoint import load_latest_checkpoint, save_checkpoint
+    from trainer.checkpoint import load_latest_checkpoint, save_checkpoint
 
     part, _ = train("CartPole-v1", "--nprocs", "2", "--total_steps", "4096", "--logdir", str(runs_dir / "renproc"))
     versions = json.loads((part / "config.json").read_text())["versions"]
@@ -208,7 +208,7 @@ def test_resume_with_different_nprocs_keeps_counters_and_other_versions_are_name
 
 def test_bare_env_name_resolves_to_newest_version():
     sys.path.insert(0, str(REPO))
-    from algos.config import resolve_env_id
+    from trainer.config import resolve_env_id
 
     assert resolve_env_id("Walker2d") == "Walker2d-v5"
     assert resolve_env_id("CartPole") == "CartPole-v1"
@@ -313,13 +313,15 @@ def test_resume_honours_changes_however_spelled_and_refuses_the_rest(tmp_path):
 def test_lr_sets_trpo_value_function_learning_rate_and_config_records_it(tmp_path):
     # Learner is what train() runs on rank 0; run in a fresh process (TensorFlow's threads are set once per process).
     code = (
-        "import json, sys, gymnasium, train\n"
+        "import json, sys, gymnasium\n"
         "from pathlib import Path\n"
-        "from algos.config import build_config\n"
+        "from trainer.config import build_config\n"
+        "from trainer.learner import Learner\n"
+        "from trainer.options import parse_args\n"
         "for argv in (['CartPole-v1', '--algo', 'trpo'], ['CartPole-v1', '--algo', 'trpo', '--lr', '0.02'],\n"
         "             ['CartPole-v1']):\n"
-        "    config, _, _ = build_config(train.parse_args(argv))\n"
-        "    learner = train.Learner(config, Path(sys.argv[1]), 4, gymnasium.spaces.Discrete(2), False)\n"
+        "    config, _, _ = build_config(parse_args(argv))\n"
+        "    learner = Learner(config, Path(sys.argv[1]), 4, gymnasium.spaces.Discrete(2), False)\n"
         "    optimizer = getattr(learner.algo, 'vf_optimizer', None) or learner.algo.optimizer\n"
         "    print(json.dumps([config.lr, float(optimizer.learning_rate.numpy())]))\n"
     )

@@ -26,7 +26,7 @@ def rollout_of(rank: int, actor) -> dict[str, np.ndarray]:
 
 keras.utils.set_random_seed(mpi_util.rank)  # different initial weights per rank: the broadcast must fix that
 env = gymnasium.make(env_id)
-ac = ActorCritic(env.observation_space.shape[0], env.action_space)
+ac = ActorCritic(env.observation_space.shape[0], env.action_space, hidden=(64, 64))
 mpi_util.rank0_bcast_wts(ac.broadcast_state())
 gathered = mpi_util.rank0_accum_batches(rollout_of(mpi_util.rank, ac.numpy_actor()))
 if mpi_util.rank == 0:

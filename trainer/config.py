@@ -12,75 +12,88 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from algos.registry import ALGORITHMS
-from algos.run_dir import RUN_DIR_VARIABLE, run_dir_name
+from trainer.run_dir import RUN_DIR_VARIABLE, run_dir_name
+
+ALGORITHM_DEFAULT = None
+"""The default of a setting the algorithm owns (algos.registry.AlgorithmSpec.defaults): filled in by build_config."""
+
+
+def setting(default: Any, help: str, *, short: str | None = None,
+            choices: tuple | Callable[[], tuple] | None = None, metavar: str | None = None, text: bool = False) -> Any:
+    """A TrainConfig field that is also a train.py option: its default and its --help text, written once here.
+    ``choices``: the values allowed, or a function that lists them when the command line is parsed. ``text``: the
+    option is parsed from its text by explicit_settings (a number or a word, a comma list)."""
+    return field(default=default, metadata={"help": help, "short": short, "choices": choices, "metavar": metavar,
+                                            "text": text})
 
 
 @dataclass
 class TrainConfig:
-    """Everything that defines a run; saved as RUN_DIR/config.json."""
+    """Everything that defines a run; saved as RUN_DIR/config.json. Each field but env_id and config_version is the
+    train.py option of the same name (trainer.options builds the command line from these fields)."""
 
     env_id: str
     """Resolved gymnasium id, e.g. Walker2d-v5."""
-    algo: str = "ppo"
-    """The learning algorithm: a name in algos.registry.ALGORITHMS (ppo, trpo, ...)."""
-    nprocs: int = 1
-    """MPI processes; each rolls out batch_size / nprocs steps per iteration."""
-    gpu_pct: float = 0.0
-    """Fraction of a GPU's memory rank 0 (the only process that runs TensorFlow) may take (0: grow as needed)."""
-    total_steps: int = 1_000_000
-    """Stop after this many environment steps (all ranks together)."""
-    num_episodes: int | None = None
-    """Also stop after this many finished episodes (None: no episode limit)."""
-    batch_size: int = 2048
-    """Environment steps per iteration, all ranks together."""
-    envs_per_rank: int = 1
-    """Environments each rank steps in lockstep, acting on all of them with one batched forward pass."""
-    batch_split: str = "even"
-    """How ranks share the batch: "even" (batch_size / nprocs steps each; same seed, same results) or "shared"
-    (ranks draw steps from one budget until the batch is full, so a rank the machine slows down does fewer; faster
-    on busy or oversubscribed machines, not reproducible bit for bit; every rank on one host)."""
-    policy_lag: int = 0
-    """0: every rank waits for rank 0's update before it rolls out again. 1: the ranks roll out the next batch with
-    the weights they have while rank 0 learns from the last one, each batch learned from one update late and
-    importance-weighted for it (decoupled PPO); faster where the update would leave the others waiting, with the
-    shared batch split (its default then)."""
-    gamma: float = 0.99
-    """Discount factor."""
-    lam: float = 0.95
-    """GAE lambda."""
-    kl_targ: float | None = None
-    """TRPO: the KL trust region (default 0.01); PPO: early-stop epochs beyond 1.5x this KL (default 0.02)."""
-    hidden: tuple[int, ...] = (64, 64)
-    """Hidden layer sizes of the policy and value MLPs."""
-    lr: float | None = None
-    """PPO: Adam learning rate (3e-4 when not given). TRPO: the value function's Adam learning rate (1e-3 when not
-    given). config.json records the value used."""
-    lr_schedule: str = "linear"
-    """PPO: "linear" decays lr to 0 over total_steps (OpenAI baselines' MuJoCo setting); "constant" keeps it."""
-    epochs: int = 10
-    """PPO: passes over each batch."""
-    minibatch_size: int = 64
-    """PPO: rows per gradient step; TRPO: rows per value-function step."""
-    seed: int = 0
-    """Base seed; rank r uses SeedSequence(seed, spawn_key=(r,))."""
-    checkpoint_every: int = 10
-    """Write a checkpoint every this many iterations (and at the end)."""
-    check_sync: bool = False
-    """Verify after every broadcast that all ranks hold bit-identical learner state."""
-    stall_timeout: float | str = "auto"
-    """Abort the job when a rank that has not reached a collective shows no progress (env steps, update epochs) for
-    this long: "auto" (60 s, or 10x the longest pause seen once each collective is past its first two calls; 120 s
-    before a rank's first step), a number of seconds, or 0 (never)."""
-    stop_grace: float = 30.0
-    """After a stop request (Ctrl-C, SIGTERM), seconds the ranks wait for each other before the job ends without a
-    final checkpoint: a scheduler that preempts a job usually allows 30 s or more before it kills it."""
+    algo: str = setting("ppo", "learning algorithm", choices=lambda: tuple(ALGORITHMS))
+    nprocs: int = setting(1, "number of MPI processes; more than the cores is fine; under mpiexec, mpirun or srun the "
+                             "launcher's count is used", text=True)
+    gpu_pct: float = setting(0.0, "fraction of GPU memory for rank 0, the one process that runs TensorFlow, in [0, 1]; "
+                                  "0 grows as needed; ignored without a GPU")
+    total_steps: int = setting(1_000_000, "budget in environment steps over all ranks")
+    num_episodes: int | None = setting(None, "also stop after this many finished episodes (default: no episode "
+                                             "limit)", short="-n")
+    batch_size: int = setting(2048, "environment steps per iteration over all ranks, split across ranks by steps",
+                              short="-b")
+    envs_per_rank: int = setting(1, "environments each process steps in lockstep with one batched policy call; more "
+                                    "spreads the policy's per-call cost")
+    batch_split: str = setting(
+        "even", "'even': every process runs batch_size / nprocs steps (the same seed gives the same results); "
+                "'shared': processes draw steps from one shared budget until the batch is full, so none waits for a "
+                "slowed-down one (faster when processes share cores or the machine is busy; not reproducible bit "
+                "for bit; one host only)", choices=("even", "shared"))
+    policy_lag: int = setting(
+        0, "1: the processes roll out the next batch with the current weights while rank 0 learns from the last one "
+           "(one update of policy lag, importance-weighted); faster when the update would leave them waiting; "
+           "--batch_split then defaults to 'shared'", choices=(0, 1))
+    gamma: float = setting(0.99, "discount factor, in (0, 1]", short="-g")
+    lam: float = setting(0.95, "GAE lambda, in (0, 1]", short="-l")
+    kl_targ: float | None = setting(ALGORITHM_DEFAULT, "TRPO: KL trust region; PPO: stop an update's epochs when KL "
+                                                       "exceeds 1.5x this", short="-k")
+    hidden: tuple[int, ...] = setting((64, 64), "hidden layer sizes of the policy and value MLPs, comma-separated",
+                                      text=True)
+    lr: float | None = setting(ALGORITHM_DEFAULT, "PPO: Adam learning rate; TRPO: the value function's Adam learning "
+                                                  "rate")
+    lr_schedule: str | None = setting(
+        ALGORITHM_DEFAULT, "PPO: 'linear' decays the learning rate to 0 over --total_steps (a --resume with a new "
+                           "--total_steps follows the new budget), 'constant' keeps it", choices=("linear", "constant"))
+    epochs: int | None = setting(ALGORITHM_DEFAULT, "PPO: epochs per batch")
+    minibatch_size: int | None = setting(ALGORITHM_DEFAULT, "PPO: minibatch rows; TRPO: value-function minibatch rows")
+    seed: int = setting(0, "base seed; rank r uses SeedSequence(seed, spawn_key=(r,))")
+    checkpoint_every: int = setting(10, "iterations between checkpoints (and one at the end)")
+    check_sync: bool = setting(False, "after every broadcast verify that all ranks hold bit-identical weights and "
+                                      "normalizer statistics (one small extra exchange per iteration; logged as "
+                                      "sync_ok)")
+    stall_timeout: float | str = setting(
+        "auto", "seconds a process that has not reached a gather or broadcast may go without progress (env steps, "
+                "update epochs) before the job is aborted, naming it; 'auto': 60 s, or 10x the longest pause seen "
+                "once past the first two calls, and 120 s before a process's first step (MPI_UTIL_STALL_STARTUP sets "
+                "this allowance); 0 waits forever", text=True)
+    stop_grace: float = setting(30.0, "after Ctrl-C or SIGTERM, seconds the processes wait for each other to finish "
+                                      "the iteration and checkpoint before the job ends without one, naming a process "
+                                      "that did not arrive; match your scheduler's warning time")
     config_version: int = 2
     """Layout of config.json: 1 before lr applied to TRPO (whose value function then always learned at 1e-3)."""
 
+
+def option_fields() -> list[Field]:
+    """TrainConfig's fields that are train.py options, in --help's order."""
+    return [f for f in fields(TrainConfig) if "help" in f.metadata]
 
 
 # What a resumed run may change; every other setting defines the run and comes from its config.json.
@@ -153,6 +166,9 @@ def load_saved_config(run_dir: Path) -> dict:
     saved.setdefault("envs_per_rank", 1)
     saved.setdefault("batch_split", "even")
     saved.setdefault("policy_lag", 0)
+    for name, default in ALGORITHMS[saved["algo"]].defaults.items():
+        if saved.get(name) is None:  # runs from before the algorithm's defaults were recorded
+            saved[name] = default
     if saved.get("config_version", 1) < 2:
         if saved["algo"] == "trpo":
             saved["lr"] = 1e-3  # what TRPO's value function used, whatever lr said
@@ -188,7 +204,7 @@ def explicit_settings(args: argparse.Namespace) -> dict:
 
 def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
     """The run's config, its directory, and whether it resumes; ValueError with a one-line reason if bad."""
-    from algos.checkpoint import CheckpointError, load_latest_checkpoint
+    from trainer.checkpoint import CheckpointError, load_latest_checkpoint
 
     given = explicit_settings(args)
     if args.resume:
@@ -216,7 +232,7 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
         if not args.env_name:
             raise ValueError("name an environment, e.g. `python train.py Walker2d`, or pass --resume/--play RUN_DIR")
         config = TrainConfig(env_id=resolve_env_id(args.env_name), **given)
-        config.lr = config.lr if config.lr is not None else ALGORITHMS[config.algo].default_lr
+        fill_algorithm_defaults(config, given)
         if config.policy_lag and "batch_split" not in given:
             config.batch_split = "shared"  # with even shares rank 0 rolls out its own after the update: no gain
         # Only a name: rank 0 creates it (create_run_dir), which is what makes it unique.
@@ -225,6 +241,22 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
     check_config(config)
     return config, run_dir, bool(args.resume)
 
+
+
+def fill_algorithm_defaults(config: TrainConfig, given: dict) -> None:
+    """The algorithm's defaults for the settings it reads and the user did not give; ValueError with a one-line
+    reason for a given setting that only other algorithms read."""
+    if config.algo not in ALGORITHMS:
+        return  # check_config says so
+    owned = ALGORITHMS[config.algo].defaults
+    for name in given:
+        readers = [algo for algo, spec in ALGORITHMS.items() if name in spec.defaults]
+        if readers and name not in owned:
+            raise ValueError(f"--{name} is not a setting of {config.algo} (only of {', '.join(readers)}); "
+                             f"{config.algo} reads {', '.join('--' + setting for setting in owned)}")
+    for name, default in owned.items():
+        if getattr(config, name) is None:
+            setattr(config, name, default)
 
 
 def check_config(config: TrainConfig) -> None:
@@ -236,7 +268,7 @@ def check_config(config: TrainConfig) -> None:
     if config.seed < 0:
         raise ValueError(f"--seed must be a non-negative integer, got {config.seed}")
     for name in ("total_steps", "batch_size", "envs_per_rank", "epochs", "minibatch_size", "checkpoint_every"):
-        if getattr(config, name) < 1:
+        if getattr(config, name) is not None and getattr(config, name) < 1:  # None: not a setting of this algorithm
             raise ValueError(f"--{name} must be at least 1, got {getattr(config, name)}")
     if config.num_episodes is not None and config.num_episodes < 1:
         raise ValueError(f"--num_episodes must be at least 1, got {config.num_episodes}")
@@ -259,6 +291,6 @@ def check_config(config: TrainConfig) -> None:
         raise ValueError(f"--gpu_pct must be in [0, 1] (fraction of GPU memory per process), got {config.gpu_pct}")
     if config.algo not in ALGORITHMS:
         raise ValueError(f"--algo {config.algo} is not one this train.py knows ({', '.join(ALGORITHMS)})")
-    if not config.lr > 0:
+    if config.lr is not None and not config.lr > 0:
         raise ValueError(f"--lr must be > 0, got {config.lr}")
     check_env_spaces(config.env_id)

@@ -1,4 +1,4 @@
-"""Learning curves from run directories: ``python -m algos.plot RUN_DIR [RUN_DIR ...] [-o curves.png]``.
+"""Learning curves from run directories: ``python -m trainer.plot RUN_DIR [RUN_DIR ...] [-o curves.png]``.
 
 Runs with the same env and algorithm are drawn as one curve: the mean over runs, with the min-max spread
 shaded, against environment steps.

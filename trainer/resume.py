@@ -1,6 +1,6 @@
 """Checkpoints and --resume for train.py: what every rank saves and gets back, and the restart after a failure.
 
-A checkpoint is one file rank 0 writes (algos.checkpoint): the actor-critic's weights and normalizers, the
+A checkpoint is one file rank 0 writes (trainer.checkpoint): the actor-critic's weights and normalizers, the
 algorithm's optimizer and RNG state (algos.registry.Algorithm), the counters, and each rank's environments, episode
 state and action RNG. TensorFlow is never imported here: rank 0's learner has it already.
 """
@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 import mpi_util
-from algos.versions import version_changes
 
 if TYPE_CHECKING:
     from algos.rollout import RolloutWorker
-    from train import Counters, Learner
+    from trainer.counters import Counters
+    from trainer.learner import Learner
 
 
 def restore(run_dir: Path, learner: Learner | None, counters: Counters, worker: RolloutWorker,
@@ -29,8 +28,8 @@ def restore(run_dir: Path, learner: Learner | None, counters: Counters, worker: 
     counters); every rank gets its own environments, episode state and action RNG back, or, when --nprocs changed,
     fresh episodes from fresh_worker(seed_path), which returns (worker, action_rng) as make_rollout_worker does.
     Returns (worker, action_rng, training seconds before this run)."""
-    from algos.checkpoint import load_latest_checkpoint
-    from algos.env_state import restore_env
+    from trainer.checkpoint import load_latest_checkpoint
+    from trainer.env_state import restore_env
 
     rank, nprocs = mpi_util.rank, mpi_util.nworkers
     per_rank_state, elapsed_before = None, 0.0
@@ -38,20 +37,7 @@ def restore(run_dir: Path, learner: Learner | None, counters: Counters, worker: 
         path, state, warnings = load_latest_checkpoint(run_dir / "checkpoints")
         for warning in warnings:
             mpi_util.print0(f"train.py: warning: {warning}")
-        changes = version_changes(state.get("versions", {}), learner.versions)
-        if changes:
-            mpi_util.print0(f"train.py: warning: {path.name} was written with other versions ({', '.join(changes)}); "
-                            "the run continues, but not bit for bit as it would have")
-        for var, value in zip(learner.ac.broadcast_state(), state["ac_state"], strict=True):
-            if isinstance(var, np.ndarray):
-                var[...] = value
-            else:
-                var.assign(value)
-        learner.algo.set_optimizer_state(state["optimizer"])
-        learner.algo.set_rng_state(state["learner_rng"])
-        counters.array[:3] = state["counters"][:3]
-        if state.get("pending") is not None:  # --policy_lag 1: the batch gathered before the stop, not learned yet
-            learner.hold(*state["pending"], counters)
+        learner.restore_state(state, path.name, counters)
         elapsed_before = state["elapsed_s"]
         same_layout = state["nprocs"] == nprocs
         per_rank_state = state["ranks"] if same_layout else None
@@ -74,8 +60,8 @@ def restore(run_dir: Path, learner: Learner | None, counters: Counters, worker: 
 def checkpoint(run_dir: Path, learner: Learner | None, counters: Counters, worker: RolloutWorker,
                action_rng: np.random.Generator, nprocs: int, elapsed_s: float) -> None:
     """Every rank's episode state and RNG go to rank 0 (small pickles), which writes one file with the learner."""
-    from algos.checkpoint import list_checkpoints, save_checkpoint
-    from algos.env_state import snapshot_env
+    from trainer.checkpoint import list_checkpoints, save_checkpoint
+    from trainer.env_state import snapshot_env
 
     mine = {"envs": [snapshot_env(env) for env in worker.envs], "episode": worker.episode_state(),
             "action_rng": action_rng.bit_generator.state}
@@ -84,10 +70,8 @@ def checkpoint(run_dir: Path, learner: Learner | None, counters: Counters, worke
         return
     try:
         save_checkpoint(run_dir / "checkpoints", counters.iteration, {
-            "config": asdict(learner.config), "nprocs": nprocs, "counters": counters.array.copy(),
-            "elapsed_s": elapsed_s, "ac_state": [as_numpy(v) for v in learner.ac.broadcast_state()],
-            "optimizer": learner.algo.optimizer_state(), "learner_rng": learner.algo.rng_state(),
-            "ranks": ranks_state, "versions": learner.versions, "pending": learner.pending,
+            **learner.checkpoint_state(), "nprocs": nprocs, "counters": counters.array.copy(),
+            "elapsed_s": elapsed_s, "ranks": ranks_state,
         })
     except OSError as error:
         kept = list_checkpoints(run_dir / "checkpoints")
@@ -100,7 +84,7 @@ def restart_from_newest_checkpoint(run_dir: Path) -> Callable[[mpi_util.JobFailu
     """mpi_fork's on_failure for --max_restarts: this command again, resuming RUN_DIR from its newest checkpoint
     (or from the start when it has none yet; the run directory stays the same), said in one line."""
     def restart(failure: mpi_util.JobFailure) -> list[str]:
-        from algos.checkpoint import list_checkpoints
+        from trainer.checkpoint import list_checkpoints
 
         kept = list_checkpoints(run_dir / "checkpoints")
         print(f"train.py: {failure.cause}; restarting "
@@ -114,3 +98,14 @@ def restart_from_newest_checkpoint(run_dir: Path) -> Callable[[mpi_util.JobFailu
 def as_numpy(value: object) -> np.ndarray:
     """A numpy copy of a tf.Variable or numpy array."""
     return value.numpy() if hasattr(value, "numpy") else np.array(value, copy=True)
+
+
+def resume_note(run_dir: Path) -> str:
+    """What is kept of a run that ends early, and how to go on from it."""
+    from trainer.checkpoint import list_checkpoints
+
+    kept = list_checkpoints(run_dir / "checkpoints")
+    if not kept:
+        return (f"no checkpoint was written yet: the run starts again from the beginning (in a new run directory; "
+                f"{run_dir} can be removed)")
+    return f"the last good checkpoint, {kept[-1].name}, is kept: continue with python train.py --resume {run_dir}"

@@ -14,7 +14,7 @@ import os
 import platform
 from collections.abc import MutableMapping
 
-from algos.versions import cpu_model_and_flags
+from trainer.versions import cpu_model_and_flags
 
 # The OpenBLAS kernel family every x86-64 CPU with AVX2 and FMA can run.
 OPENBLAS_CORETYPE = "Haswell"

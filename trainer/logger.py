@@ -17,7 +17,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 from tqdm import tqdm
 
-from algos.checkpoint import write_atomic
+from trainer.checkpoint import write_atomic
 
 # Columns of the console line: (key in the logged row, header, width, format spec). The CSV and TensorBoard
 # get every key.
@@ -84,7 +84,7 @@ class RunLogger:
 
     def truncate_after(self, iteration: int) -> None:
         """Drop CSV rows after ``iteration`` (a resumed run redoes them from its checkpoint), and any row a crash or a
-        full disk cut short. The file is replaced whole (algos.checkpoint.write_atomic), never rewritten in place: a
+        full disk cut short. The file is replaced whole (trainer.checkpoint.write_atomic), never rewritten in place: a
         kill or a full disk part-way leaves it as it was."""
         if not self._csv_path.exists() or not self._columns:
             return

@@ -21,8 +21,8 @@ def play(run_dir: Path, episodes: int, video_path: str | None) -> int:
     """Play ``episodes`` episodes with the newest good checkpoint of ``run_dir``; 0 on success, 2 on bad input."""
     import gymnasium
 
-    from algos.checkpoint import CheckpointError, load_latest_checkpoint
     from algos.numpy_actor import NumpyActor
+    from trainer.checkpoint import CheckpointError, load_latest_checkpoint
 
     if not (run_dir / "config.json").is_file():
         print(f"train.py: error: --play {run_dir}: not a run directory (no config.json)", file=sys.stderr)

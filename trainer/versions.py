@@ -44,7 +44,7 @@ def stack_versions() -> dict[str, str]:
     if "mpi4py.MPI" in sys.modules:
         versions["mpi_library"] = " ".join(sys.modules["mpi4py.MPI"].Get_library_version().splitlines()[0].split())
     versions["cpu_model"], versions["cpu_flags"] = cpu_model_and_flags()
-    # OpenBLAS's kernel family (algos/kernels.py pins it for train.py): another one rounds differently.
+    # OpenBLAS's kernel family (trainer/kernels.py pins it for train.py): another one rounds differently.
     versions["openblas_coretype"] = os.environ.get("OPENBLAS_CORETYPE", "(its own choice)")
     return versions
 

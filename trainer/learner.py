@@ -1,0 +1,191 @@
+"""Rank 0's side of training: the TensorFlow actor-critic, the algorithm that updates it, and the run's logs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+import mpi_util
+from algos.registry import ALGORITHMS, Algorithm
+from trainer.checkpoint import remove_temporary_files, write_atomic
+from trainer.config import TrainConfig
+from trainer.counters import Counters
+from trainer.resume import as_numpy
+from trainer.run_dir import RunDirInUseError, RunDirLock, lock_run_dir
+from trainer.versions import stack_versions, version_changes
+
+TTY_VARIABLE = "MPI_BATCH_RL_TTY"  # ranks' stdout is a pipe to mpiexec; the parent says if the user has a terminal
+
+
+class Learner:
+    """Rank 0's side: the TensorFlow actor-critic, the algorithm that updates it (--algo, built as algos.registry's
+    ALGORITHMS says), and the run directory's logs."""
+
+    def __init__(self, config: TrainConfig, run_dir: Path, obs_dim: int, action_space: object, resuming: bool) -> None:
+        # oneDNN's kernels cost more than they save on 64x64 networks (benchmarks/update.py): TensorFlow's own
+        # kernels run instead. A value the user set is kept (config.json records it).
+        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+        # TensorFlow imports JAX when it is installed (for TFLite, unused here): 0.5 s and 110 MB more on rank 0.
+        # Hidden during TensorFlow's import only; an env that imports JAX later still can.
+        jax_hidden = "jax" not in sys.modules
+        if jax_hidden:
+            sys.modules["jax"] = None  # type: ignore[assignment]
+        try:
+            mpi_util.setup_gpu(config.gpu_pct)  # imports TensorFlow, without its start-up log lines
+        finally:
+            if jax_hidden:
+                del sys.modules["jax"]
+        import tensorflow as tf
+
+        from algos.policy import ActorCritic
+
+        # Rank 0 alone runs the update while the workers wait without spinning. One thread per op: on networks of
+        # this size splitting an op across threads (Adam's fused kernel above all) costs more than it saves;
+        # two ops at a time where the CPUs it was given (affinity, cgroup quota) allow (benchmarks/update.py).
+        self.cpus = mpi_util.cpus_available()
+        self.threads = {"tf_intra_op_threads": 1, "tf_inter_op_threads": min(2, self.cpus),
+                        "tf_enable_onednn_opts": os.environ["TF_ENABLE_ONEDNN_OPTS"]}
+        tf.config.threading.set_intra_op_parallelism_threads(self.threads["tf_intra_op_threads"])
+        tf.config.threading.set_inter_op_parallelism_threads(self.threads["tf_inter_op_threads"])
+        tf.config.experimental.enable_op_determinism()  # same seed and nprocs, same results
+        mpi_util.set_global_seeds(config.seed)  # now that TensorFlow is imported, seed it too (as rank 0)
+        self.config, self.run_dir = config, run_dir
+        self.versions = stack_versions()  # into config.json and every checkpoint; --resume compares
+        self.ac = ActorCritic(obs_dim, action_space, hidden=config.hidden)
+        self.spec = ALGORITHMS[config.algo]
+        self.algo: Algorithm = self.spec.build(self.ac, config)
+        self.pending: tuple | None = None  # (batch, episodes, behavior_logp) gathered, not yet learned from
+        self.logger = None
+        self._lock: RunDirLock | None = None  # the run directory's lock, held while this process lives
+
+    def open_logs(self, resuming: bool, iteration: int, job: dict) -> None:
+        """Lock the run directory (for as long as this process lives), write config.json (the run's settings and
+        ``job``, what the job was given: see job_resources), open the logs."""
+        from trainer.logger import RunLogger
+
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self._lock = lock_run_dir(self.run_dir)
+            except RunDirInUseError as error:
+                mpi_util.abort(f"train.py: error: {error}")
+            # What a process killed part-way through a write left (no write is under way: the lock is ours).
+            for directory in (self.run_dir, self.run_dir / "checkpoints"):
+                remove_temporary_files(directory)
+            record = {**asdict(self.config), **job, "rank0_cpus": self.cpus, **self.threads, "versions": self.versions}
+            write_atomic(self.run_dir / "config.json", (json.dumps(record, indent=2) + "\n").encode())
+            self.logger = RunLogger(self.run_dir, self.config.total_steps,
+                                    progress_bar=os.environ.get(TTY_VARIABLE) == "1", resume=resuming)
+            if resuming:
+                self.logger.truncate_after(iteration)
+        except OSError as error:
+            mpi_util.abort(f"train.py: error: cannot write the run directory {self.run_dir}: {error}")
+
+    def checkpoint_state(self) -> dict:
+        """What a checkpoint keeps of rank 0's side: the configuration, the actor-critic's weights and normalizers,
+        the algorithm's optimizer and RNG, the versions, and under --policy_lag 1 the batch not yet learned from."""
+        return {"config": asdict(self.config), "ac_state": [as_numpy(v) for v in self.ac.broadcast_state()],
+                "optimizer": self.algo.optimizer_state(), "learner_rng": self.algo.rng_state(),
+                "versions": self.versions, "pending": self.pending}
+
+    def restore_state(self, state: dict, name: str, counters: Counters) -> None:
+        """Take back what checkpoint_state() kept (``state``, from the checkpoint file ``name``) and the counters;
+        warns when the checkpoint was written with other versions."""
+        changes = version_changes(state.get("versions", {}), self.versions)
+        if changes:
+            mpi_util.print0(f"train.py: warning: {name} was written with other versions ({', '.join(changes)}); "
+                            "the run continues, but not bit for bit as it would have")
+        for var, value in zip(self.ac.broadcast_state(), state["ac_state"], strict=True):
+            if isinstance(var, np.ndarray):
+                var[...] = value
+            else:
+                var.assign(value)
+        self.algo.set_optimizer_state(state["optimizer"])
+        self.algo.set_rng_state(state["learner_rng"])
+        counters.array[:3] = state["counters"][:3]
+        if state.get("pending") is not None:  # --policy_lag 1: the batch gathered before the stop, not learned yet
+            self.hold(*state["pending"], counters)
+
+    def hold(self, batch: dict, episodes: dict, behavior_logp: np.ndarray | None, counters: Counters) -> None:
+        """Keep a gathered batch for the next update: batch and episodes as RolloutWorker.collect returns them, all
+        ranks' rows; behavior_logp (N,) the acting policy's log-probabilities under --policy_lag 1, else None. Sets
+        counters.collect_done when the budget is spent once this batch is learned from."""
+        if len(batch["adv"]) != self.config.batch_size:
+            raise RuntimeError(f"gathered {len(batch['adv'])} steps, expected --batch_size {self.config.batch_size}")
+        self.pending = (batch, episodes, behavior_logp)
+        counters.collect_done = counters.budget_spent(self.config, len(batch["adv"]), len(episodes["ep_return"]))
+
+    def update(self, counters: Counters) -> tuple[dict[str, float], dict]:
+        """The algorithm's update on the batch held; advances the counters and sets counters.stop when the budget is
+        spent. Returns the update's statistics and the episodes of the batch it learned from."""
+        config = self.config
+        batch, episodes, behavior_logp = self.pending
+        self.pending = None
+        if "lr_schedule" in self.spec.defaults and config.lr_schedule == "linear":
+            # The fraction of the step budget still ahead, counting this batch: the first update uses lr, the last
+            # about lr / iterations (a resume with a smaller budget floors it at 0).
+            self.algo.set_learning_rate(config.lr * max(0.0, 1.0 - counters.total_steps / config.total_steps))
+        stats = self.algo.update(batch["obs"], batch["act"], batch["adv"], batch["ret"], behavior_logp)
+        if not all(np.isfinite(as_numpy(v)).all() for v in self.ac.broadcast_state()):
+            # Stopped before the broadcast and the next checkpoint, so the last good checkpoint stays the newest.
+            mpi_util.abort(f"train.py: error: the update of iteration {counters.iteration + 1} made the weights "
+                           f"non-finite (inf or NaN); the job stops. {self._kept_checkpoint_note()}. Rewards too "
+                           "large to fit, or a learning rate too high for this problem: check the environment's "
+                           "rewards, or start a new run with a smaller --lr")
+        counters.iteration += 1
+        counters.total_steps += config.batch_size
+        counters.total_episodes += len(episodes["ep_return"])
+        counters.stop = counters.budget_spent(config)
+        return stats, episodes
+
+    def log(self, counters: Counters, episodes: dict, stats: dict[str, float], sync_ok: float,
+            timings: dict[str, float], wall_s: float) -> None:
+        """One row of progress.csv and TensorBoard, and the console line; timings: seconds of t_rollout, t_gather,
+        t_update, t_bcast and the whole t_iteration."""
+        returns = episodes["ep_return"]
+        row = {
+            "iteration": counters.iteration, "total_steps": counters.total_steps,
+            "total_episodes": counters.total_episodes,
+            "ep_return_mean": float(returns.mean()) if len(returns) else math.nan,
+            "ep_return_min": float(returns.min()) if len(returns) else math.nan,
+            "ep_return_max": float(returns.max()) if len(returns) else math.nan,
+            "ep_length_mean": float(episodes["ep_length"].mean()) if len(returns) else math.nan,
+            "episodes": len(returns), "steps_per_s": self.config.batch_size / timings["t_iteration"],
+            **{key: float(value) for key, value in stats.items()},
+            **{key: timings[key] for key in ("t_rollout", "t_gather", "t_update", "t_bcast")},
+            "wall_s": wall_s, "sync_ok": sync_ok,
+        }
+        try:
+            self.logger.log(row)
+        except OSError as error:
+            mpi_util.abort(f"train.py: error: cannot write the logs in {self.run_dir}: {error}. "
+                           f"{self._kept_checkpoint_note()}: make the directory writable (or free space), then "
+                           f"continue with python train.py --resume {self.run_dir}")
+
+    def _kept_checkpoint_note(self) -> str:
+        from trainer.checkpoint import list_checkpoints
+
+        kept = list_checkpoints(self.run_dir / "checkpoints")
+        return (f"The last good checkpoint, {kept[-1]}, is kept" if kept
+                else "No checkpoint was written yet (the run must start again)")
+
+    def close(self) -> None:
+        from trainer.plot import plot_runs
+
+        self.logger.close()
+        plot_runs([self.run_dir], self.run_dir / "learning_curve.png")
+
+
+def check_sync(learner_state: list, counters: Counters) -> float:
+    """1.0 when every rank holds bit-identical learner state after the broadcast; raises otherwise."""
+    out_of_sync = mpi_util.ranks_out_of_sync(learner_state)
+    if out_of_sync:
+        raise RuntimeError(f"ranks hold different learner state after iteration {counters.iteration}: "
+                           f"rank(s) {out_of_sync}")
+    return 1.0
