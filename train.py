@@ -33,7 +33,7 @@ except ImportError as error:  # no MPI library: say so in one line, not a traceb
 from mpi_util.supervise import check_process_room  # noqa: E402
 from trainer.config import TrainConfig, build_config, check_config  # noqa: E402
 from trainer.counters import Counters  # noqa: E402
-from trainer.job import job_resources, make_rollout_worker, steps_of_rank  # noqa: E402
+from trainer.job import actor_state_to_receive, job_resources, make_rollout_worker, share_of_batch  # noqa: E402
 from trainer.learner import TTY_VARIABLE, Learner, check_sync  # noqa: E402
 from trainer.options import RL_MODULES, WORKER_MODULES, launch_settings, missing_modules  # noqa: E402
 from trainer.options import parse_args as parse_options  # noqa: E402
@@ -137,58 +137,36 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     Only rank 0 imports TensorFlow: it holds the actor-critic and the algorithm's update. The other ranks act with
     numpy copies of rank 0's weights and normalizers, received into arrays of the same shapes.
     """
-    import gymnasium
-
-    from algos.numpy_actor import NumpyActor, actor_critic_state_like
+    from algos.numpy_actor import NumpyActor
 
     rank, nprocs = mpi_util.rank, mpi_util.nworkers
     mpi_util.set_global_seeds(config.seed)
     mpi_util.set_stall_timeout(config.stall_timeout)  # 0: never, as MPI_UTIL_STALL_TIMEOUT=0
     stop = StopRequest(config.stop_grace, run_dir)
     worker, action_rng = make_rollout_worker(config, rank, seed_path=())
-    obs_dim, action_space = worker.envs[0].observation_space.shape[0], worker.envs[0].action_space
-    discrete = isinstance(action_space, gymnasium.spaces.Discrete)
-    act_dim = int(action_space.n) if discrete else int(action_space.shape[0])
     counters = Counters()
     job = job_resources()
-    learner = Learner(config, run_dir, obs_dim, action_space, resuming) if rank == 0 else None
-    # What rank 0 broadcasts each iteration: the actor-critic's variables and normalizers (rank 0's own, read from
-    # TensorFlow; everyone else's, numpy arrays of the same shapes), then the counters.
-    actor_state = learner.ac.broadcast_state() if learner else actor_critic_state_like(obs_dim, act_dim,
-                                                                                        config.hidden, discrete)
+    learner = Learner(config, run_dir, worker.envs[0].observation_space, worker.envs[0].action_space,
+                      resuming) if rank == 0 else None
+    # What rank 0 broadcasts each iteration: the actor-critic's variables and normalizers, then the counters.
+    actor_state = actor_state_to_receive(learner, worker, config.hidden)
     learner_state = [*actor_state, counters.array]
-
     elapsed_before = 0.0
     if resuming:
         worker, action_rng, elapsed_before = restore(run_dir, learner, counters, worker, action_rng,
                                                      functools.partial(make_rollout_worker, config, rank))
     if learner:
-        learner.open_logs(resuming, counters.iteration, job)
-        counters.stop = counters.budget_spent(config)
-        mpi_util.print0(f"{config.algo.upper()} on {config.env_id}: {nprocs} processes, batch {config.batch_size} "
-                        f"steps, budget {config.total_steps} steps; run directory {run_dir}")
-        if config.total_steps < config.batch_size:
-            mpi_util.print0(f"train.py: note: the budget is spent in whole batches: --total_steps "
-                            f"{config.total_steps} runs one iteration of --batch_size {config.batch_size} steps")
+        learner.start(resuming, counters, job)
     mpi_util.rank0_bcast_wts(learner_state)  # every rank starts from rank 0's weights and counters
-
-    my_steps = steps_of_rank(config.batch_size, nprocs, rank)
-    budget = None
-    if config.batch_split == "shared" and nprocs > 1:
-        try:
-            budget = mpi_util.SharedBudget(config.batch_size)
-        except ValueError as error:
-            mpi_util.abort(f"train.py: error: --batch_split shared: {error}")
-        my_steps = config.batch_size  # the most one rank may draw
+    my_steps, budget = share_of_batch(config, rank, nprocs)
     started = time.monotonic()
     checkpointed = counters.iteration  # the iteration of the newest checkpoint (a resumed run's, or none yet)
     try:
         while not counters.stop:
             t0 = time.monotonic()
-            actor = NumpyActor.from_ac_state([as_numpy(v) for v in actor_state], config.hidden, discrete)
+            actor = NumpyActor.from_ac_state([as_numpy(v) for v in actor_state], config.hidden, worker.is_discrete)
             stats, episodes = {}, None  # rank 0: this iteration's update and the episodes of the batch it learned
-            if learner and config.policy_lag and learner.pending:
-                # Rank 0 learns from the batch of the last iteration while the other ranks roll out the next one.
+            if learner and learner.update_due(before_rollout=True):  # --policy_lag 1: while the others roll out
                 stats, episodes = learner.update(counters)
             t1 = t2 = time.monotonic()
             if not counters.collect_done:
@@ -199,11 +177,10 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
                 if budget is not None and rank == 0:
                     budget.refill()  # every rank has stopped drawing (past the gather); none starts before the bcast
                 if learner:
-                    behavior_logp = actor.log_prob(batch["obs"], batch["act"]) if config.policy_lag else None
-                    learner.hold(batch, new_episodes, behavior_logp, counters)
+                    learner.hold(batch, new_episodes, learner.behavior_logp(actor, batch), counters)
             t3 = time.monotonic()
             if learner:
-                if not config.policy_lag:
+                if learner.update_due(before_rollout=False):
                     stats, episodes = learner.update(counters)
                 counters.stop = stop.take() or counters.stop
             t4 = time.monotonic()
@@ -220,25 +197,22 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
                            elapsed_s=elapsed_before + time.monotonic() - started)
                 checkpointed = counters.iteration
     except mpi_util.CollectiveStallError as error:
-        # Every rank waiting for the late one sees the stall: rank 0 says it, once, unless it is late itself. The
-        # others give it RANK0_REPORT_S to do so (rank 0 waits in every collective, so it sees the stall too).
-        if rank != 0 and 0 not in error.late_ranks:
-            waited_since = time.monotonic()
-            while time.monotonic() - waited_since < RANK0_REPORT_S:
-                time.sleep(0.5)
-        mpi_util.abort(f"train.py: error: {error}. The job ends without a final checkpoint; {resume_note(run_dir)}",
-                       late_ranks=error.late_ranks)
-
+        end_after_stall(error, run_dir)
     stop.ignore_from_now_on()
     if learner:
-        learner.close()
-        if stop.signum is not None:
-            mpi_util.print0(f"stopped by signal {stop.signum} after iteration {counters.iteration}; checkpoint "
-                            f"written; continue with: python train.py --resume {run_dir}")
-        mpi_util.print0(f"done: {counters.total_steps} steps, {counters.total_episodes} episodes in "
-                        f"{elapsed_before + time.monotonic() - started:.0f} s; run directory {run_dir}")
+        learner.finish(counters, stop.signum, elapsed_s=elapsed_before + time.monotonic() - started)
     return 0
 
+
+def end_after_stall(error: mpi_util.CollectiveStallError, run_dir: Path) -> None:
+    """End the job after a stall, said once: every rank waiting for the late one sees it, and rank 0 says it unless it
+    is late itself; the others give it RANK0_REPORT_S to do so (rank 0 waits in every collective, so it sees it too)."""
+    if mpi_util.rank != 0 and 0 not in error.late_ranks:
+        waited_since = time.monotonic()
+        while time.monotonic() - waited_since < RANK0_REPORT_S:
+            time.sleep(0.5)
+    mpi_util.abort(f"train.py: error: {error}. The job ends without a final checkpoint; {resume_note(run_dir)}",
+                   late_ranks=error.late_ranks)
 
 if __name__ == "__main__":
     sys.exit(main())

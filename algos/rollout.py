@@ -2,6 +2,7 @@
 
 import math
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import gymnasium
 import numpy as np
@@ -13,6 +14,34 @@ from mpi_util.stall import heartbeat
 # With a shared budget, a rank takes this many lockstep steps of its envs at a time: one take (an MPI atomic, ~2 us)
 # per 16 steps costs ~0.1% of a step's time, and the ranks finish within 16 steps (~2.5 ms) of each other.
 TAKE_ROWS = 16
+
+
+@dataclass
+class _Steps:
+    """What one collect's stepping recorded, time-major (row t: lockstep row t; K envs)."""
+
+    obs: np.ndarray
+    """(rows + 1, K, obs_dim) float32; obs[steps_of_env[k], k] is env k's observation to go on from."""
+    act: np.ndarray
+    """(rows, K, *act_shape): float32 unclipped, or int64."""
+    rewards: np.ndarray
+    """(rows, K) float64."""
+    episode_ends: np.ndarray
+    """(rows, K) bool: the episode terminated or was truncated at this step."""
+    truncated_steps: list[list[int]]
+    """Per env, the rows where its episode was truncated (they bootstrap from the final observation)."""
+    truncated_obs: list[list[np.ndarray]]
+    """Per env, the final (obs_dim,) observations of those truncated episodes (before the reset)."""
+    ep_return: list[float]
+    """Per env, the return of the episode going on."""
+    ep_length: list[int]
+    """Per env, the steps of the episode going on."""
+    ep_returns: list[float]
+    """Returns of the episodes that finished."""
+    ep_lengths: list[int]
+    """Lengths of the episodes that finished."""
+    steps_of_env: list[int]
+    """Per env, its steps in this collect."""
 
 
 class RolloutWorker:
@@ -70,10 +99,36 @@ class RolloutWorker:
         next observation.
         Raises ValueError naming the step when an observation or a reward is NaN or infinite.
         """
+        steps = self._step_envs(n_steps, actor, rng, take)
+        self._ep_return = np.array(steps.ep_return, dtype=np.float64)
+        self._ep_length = np.array(steps.ep_length, dtype=np.int64)
+        self._obs = np.stack([steps.obs[n, k] for k, n in enumerate(steps.steps_of_env)])
+        env_obs = [steps.obs[:n, k] for k, n in enumerate(steps.steps_of_env)]
+        advs, rets = [], []
+        for k, (values, next_values, ends) in enumerate(self._bootstrap(steps, env_obs, actor)):
+            n = steps.steps_of_env[k]
+            adv, ret = gae_advantages(steps.rewards[:n, k], values, next_values, ends, self.gamma, self.lam)
+            advs.append(adv)
+            rets.append(ret)
+        batch = {
+            "obs": np.concatenate(env_obs),
+            "act": np.concatenate([steps.act[:n, k] for k, n in enumerate(steps.steps_of_env)]),
+            "adv": np.concatenate(advs),
+            "ret": np.concatenate(rets),
+        }
+        episodes = {
+            "ep_return": np.asarray(steps.ep_returns, dtype=np.float64),
+            "ep_length": np.asarray(steps.ep_lengths, dtype=np.int64),
+        }
+        return batch, episodes
+
+    def _step_envs(self, n_steps: int, actor: NumpyActor, rng: np.random.Generator,
+                   take: Callable[[int], int] | None) -> _Steps:
+        """Step the envs as collect() says, and record what it needs, time-major (_Steps)."""
         n_envs = len(self.envs)
         longest = -(-n_steps // n_envs)  # the most lockstep rows this call can run
         # Time-major, so that the actor reads one contiguous block per step and env k writes its next observation
-        # straight into row t + 1 (cast to float32 there). Row steps_of_env[k] holds env k's observation to go on.
+        # straight into row t + 1 (cast to float32 there).
         obs = np.empty((longest + 1, n_envs, self.obs_dim), dtype=np.float32)
         obs[0] = self._obs
         act = np.empty((longest, n_envs, *self.act_shape), dtype=np.int64 if self.is_discrete else np.float32)
@@ -125,53 +180,43 @@ class RolloutWorker:
                         truncated_steps[k].append(t)
                         truncated_obs[k].append(next_row.copy())
                     next_row[...] = self._reset(self.envs[k], None)
-
         steps_of_env = [rows if k < last_active else rows - 1 for k in range(n_envs)]
-        n_steps = sum(steps_of_env)
-        self._ep_return = np.array(ep_return, dtype=np.float64)
-        self._ep_length = np.array(ep_length, dtype=np.int64)
-        self._obs = np.stack([obs[n, k] for k, n in enumerate(steps_of_env)])
-        env_obs = [obs[:n, k] for k, n in enumerate(steps_of_env)]
-        env_rewards = [rewards[:n, k] for k, n in enumerate(steps_of_env)]
+        return _Steps(obs, act, rewards, episode_ends, truncated_steps, truncated_obs, ep_return, ep_length,
+                      ep_returns, ep_lengths, steps_of_env)
 
+    def _bootstrap(self, steps: _Steps, env_obs: list[np.ndarray],
+                   actor: NumpyActor) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """For each env k, what its GAE needs: (values (n_k,), next values (n_k,), episode ends (n_k,) bool), where
+        an episode cut by the end of this collect counts as ended and bootstraps from the observation it goes on
+        from. env_obs[k]: env k's (n_k, obs_dim) observations."""
+        n_envs, steps_of_env = len(self.envs), steps.steps_of_env
         # One batched value call for the whole collect: per-step calls would dominate the step loop. Rows: every
         # env's steps, then every env's truncated final observations, then the observations that go on.
-        cut_by_batch = [n > 0 and not episode_ends[n - 1, k] for k, n in enumerate(steps_of_env)]
+        cut_by_batch = [n > 0 and not steps.episode_ends[n - 1, k] for k, n in enumerate(steps_of_env)]
         value_inputs = list(env_obs)
-        value_inputs += [o[None] for k in range(n_envs) for o in truncated_obs[k]]
+        value_inputs += [o[None] for k in range(n_envs) for o in steps.truncated_obs[k]]
         value_inputs += [self._obs[k : k + 1] for k in range(n_envs) if cut_by_batch[k]]
         all_values = actor.value(np.concatenate(value_inputs, axis=0))
         first_value = np.cumsum([0, *steps_of_env])
-        next_truncated = n_steps
-        next_cut = n_steps + sum(len(steps) for steps in truncated_steps)
-        advs, rets = [], []
+        next_truncated = sum(steps_of_env)
+        next_cut = next_truncated + sum(len(truncated) for truncated in steps.truncated_steps)
+        per_env = []
         for k, n in enumerate(steps_of_env):
-            ends = episode_ends[:n, k].copy()
+            ends = steps.episode_ends[:n, k].copy()
             values = all_values[first_value[k] : first_value[k] + n]
+            truncated = steps.truncated_steps[k]
             # Inside an episode the next value is the next step's; at an episode's end it is 0 (terminated) unless
             # overwritten just below by a bootstrap (truncated, or cut by the end of this collect).
             next_values = np.zeros(n, dtype=np.float64)
             next_values[:-1] = np.where(ends[:-1], 0.0, values[1:])
-            next_values[truncated_steps[k]] = all_values[next_truncated : next_truncated + len(truncated_steps[k])]
-            next_truncated += len(truncated_steps[k])
+            next_values[truncated] = all_values[next_truncated : next_truncated + len(truncated)]
+            next_truncated += len(truncated)
             if cut_by_batch[k]:
                 ends[-1] = True
                 next_values[-1] = all_values[next_cut]
                 next_cut += 1
-            adv, ret = gae_advantages(env_rewards[k], values, next_values, ends, self.gamma, self.lam)
-            advs.append(adv)
-            rets.append(ret)
-        batch = {
-            "obs": np.concatenate(env_obs),
-            "act": np.concatenate([act[:n, k] for k, n in enumerate(steps_of_env)]),
-            "adv": np.concatenate(advs),
-            "ret": np.concatenate(rets),
-        }
-        episodes = {
-            "ep_return": np.asarray(ep_returns, dtype=np.float64),
-            "ep_length": np.asarray(ep_lengths, dtype=np.int64),
-        }
-        return batch, episodes
+            per_env.append((values, next_values, ends))
+        return per_env
 
     def _lockstep_rows(
         self, n_steps: int, take: Callable[[int], int] | None, actor: NumpyActor, rng: np.random.Generator

@@ -137,6 +137,27 @@ def test_play_needs_no_tensorflow_and_writes_an_image_strip(learned_runs, tmp_pa
     assert image.std() > 10  # a rendered scene, not a blank image
 
 
+@pytest.mark.xdist_group("learned_runs")
+def test_video_says_what_to_install_before_any_episode_is_played(learned_runs, runs_dir, tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("imageio_ffmpeg") or importlib.util.find_spec("pygame"):
+        pytest.skip("imageio-ffmpeg or pygame is installed here: nothing is missing")
+    mp4 = tmp_path / "walk.mp4"
+    result = run_bounded([sys.executable, TRAIN, "--play", str(learned_runs[("InvertedPendulum-v5", "ppo")]),
+                          "--video", str(mp4)], timeout=120)
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert result.stderr.splitlines() == [f"train.py: error: --video {mp4}: .mp4 needs imageio-ffmpeg (pip install "
+                                          "imageio-ffmpeg), or write a .gif or .png"]
+    # CartPole renders with pygame, which gymnasium's classic-control extra brings: its own message says so.
+    cartpole, _ = train("CartPole-v1", "--total_steps", "256", "--batch_size", "256", "--logdir", str(runs_dir / "cp"))
+    result = run_bounded([sys.executable, TRAIN, "--play", str(cartpole), "--video", str(tmp_path / "cart.gif")],
+                         timeout=120)
+    assert result.returncode == 2 and "episode" not in result.stdout, result.stdout
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("train.py: error: cannot render CartPole-v1: ") and "classic-control" in line, line
+
+
 @pytest.mark.parametrize("nprocs", [1, 3])
 def test_weights_identical_on_every_rank_each_iteration(runs_dir, nprocs):
     run_dir, _ = train("Pendulum-v1", "--nprocs", str(nprocs), "--total_steps", "6000", "--batch_size", "2000",
@@ -207,7 +228,6 @@ def test_resume_with_different_nprocs_keeps_counters_and_other_versions_are_name
 
 
 def test_bare_env_name_resolves_to_newest_version():
-    sys.path.insert(0, str(REPO))
     from trainer.config import resolve_env_id
 
     assert resolve_env_id("Walker2d") == "Walker2d-v5"
@@ -321,7 +341,7 @@ def test_lr_sets_trpo_value_function_learning_rate_and_config_records_it(tmp_pat
         "for argv in (['CartPole-v1', '--algo', 'trpo'], ['CartPole-v1', '--algo', 'trpo', '--lr', '0.02'],\n"
         "             ['CartPole-v1']):\n"
         "    config, _, _ = build_config(parse_args(argv))\n"
-        "    learner = Learner(config, Path(sys.argv[1]), 4, gymnasium.spaces.Discrete(2), False)\n"
+        "    learner = Learner(config, Path(sys.argv[1]), gymnasium.spaces.Box(-1.0, 1.0, (4,)), gymnasium.spaces.Discrete(2), False)\n"
         "    optimizer = getattr(learner.algo, 'vf_optimizer', None) or learner.algo.optimizer\n"
         "    print(json.dumps([config.lr, float(optimizer.learning_rate.numpy())]))\n"
     )

@@ -12,12 +12,38 @@ import numpy as np
 import mpi_util
 
 if TYPE_CHECKING:
+    from algos.rollout import RolloutWorker
     from trainer.config import TrainConfig
+    from trainer.learner import Learner
 
 
 def steps_of_rank(batch_size: int, nprocs: int, rank: int) -> int:
     """This rank's share of the batch: equal shares, the remainder one step each to the first ranks."""
     return batch_size // nprocs + (1 if rank < batch_size % nprocs else 0)
+
+
+def share_of_batch(config: TrainConfig, rank: int, nprocs: int) -> tuple[int, mpi_util.SharedBudget | None]:
+    """The most steps this rank runs per iteration, and the budget it draws them from under --batch_split shared
+    (None: its even share, steps_of_rank). Collective under --batch_split shared."""
+    if config.batch_split != "shared" or nprocs == 1:
+        return steps_of_rank(config.batch_size, nprocs, rank), None
+    try:
+        budget = mpi_util.SharedBudget(config.batch_size)
+    except ValueError as error:
+        mpi_util.abort(f"train.py: error: --batch_split shared: {error}")
+    return config.batch_size, budget  # a rank may draw the whole batch
+
+
+def actor_state_to_receive(learner: Learner | None, worker: RolloutWorker, hidden: tuple[int, ...]) -> list:
+    """The actor-critic's variables and normalizers as rank 0 broadcasts them: rank 0's own (TensorFlow's), read
+    for the broadcast; every other rank's, numpy arrays of the same shapes that receive them."""
+    from algos.numpy_actor import actor_critic_state_like
+
+    if learner:
+        return learner.ac.broadcast_state()
+    space = worker.envs[0].action_space
+    act_dim = int(space.n) if worker.is_discrete else int(space.shape[0])
+    return actor_critic_state_like(worker.obs_dim, act_dim, hidden, worker.is_discrete)
 
 
 def job_resources() -> dict:

@@ -9,9 +9,11 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+import gymnasium
 import numpy as np
 
 import mpi_util
+from algos.numpy_actor import NumpyActor
 from algos.registry import ALGORITHMS, Algorithm
 from trainer.checkpoint import remove_temporary_files, write_atomic
 from trainer.config import TrainConfig
@@ -27,7 +29,8 @@ class Learner:
     """Rank 0's side: the TensorFlow actor-critic, the algorithm that updates it (--algo, built as algos.registry's
     ALGORITHMS says), and the run directory's logs."""
 
-    def __init__(self, config: TrainConfig, run_dir: Path, obs_dim: int, action_space: object, resuming: bool) -> None:
+    def __init__(self, config: TrainConfig, run_dir: Path, observation_space: gymnasium.spaces.Box,
+                 action_space: gymnasium.spaces.Space, resuming: bool) -> None:
         # oneDNN's kernels cost more than they save on 64x64 networks (benchmarks/update.py): TensorFlow's own
         # kernels run instead. A value the user set is kept (config.json records it).
         os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -57,12 +60,24 @@ class Learner:
         mpi_util.set_global_seeds(config.seed)  # now that TensorFlow is imported, seed it too (as rank 0)
         self.config, self.run_dir = config, run_dir
         self.versions = stack_versions()  # into config.json and every checkpoint; --resume compares
-        self.ac = ActorCritic(obs_dim, action_space, hidden=config.hidden)
+        self.ac = ActorCritic(observation_space.shape[0], action_space, hidden=config.hidden)
         self.spec = ALGORITHMS[config.algo]
         self.algo: Algorithm = self.spec.build(self.ac, config)
         self.pending: tuple | None = None  # (batch, episodes, behavior_logp) gathered, not yet learned from
         self.logger = None
         self._lock: RunDirLock | None = None  # the run directory's lock, held while this process lives
+
+    def start(self, resuming: bool, counters: Counters, job: dict) -> None:
+        """Open the run's logs (open_logs) and say what the job runs; a resumed run whose budget is spent stops at
+        once."""
+        config = self.config
+        self.open_logs(resuming, counters.iteration, job)
+        counters.stop = counters.budget_spent(config)
+        mpi_util.print0(f"{config.algo.upper()} on {config.env_id}: {mpi_util.nworkers} processes, batch "
+                        f"{config.batch_size} steps, budget {config.total_steps} steps; run directory {self.run_dir}")
+        if config.total_steps < config.batch_size:
+            mpi_util.print0(f"train.py: note: the budget is spent in whole batches: --total_steps "
+                            f"{config.total_steps} runs one iteration of --batch_size {config.batch_size} steps")
 
     def open_logs(self, resuming: bool, iteration: int, job: dict) -> None:
         """Lock the run directory (for as long as this process lives), write config.json (the run's settings and
@@ -121,6 +136,17 @@ class Learner:
         self.pending = (batch, episodes, behavior_logp)
         counters.collect_done = counters.budget_spent(self.config, len(batch["adv"]), len(episodes["ep_return"]))
 
+    def behavior_logp(self, actor: NumpyActor, batch: dict) -> np.ndarray | None:
+        """Under --policy_lag 1, (N,) log-probabilities of the batch's actions under the policy that acted (one update
+        older than the one that learns from them); None otherwise."""
+        return actor.log_prob(batch["obs"], batch["act"]) if self.config.policy_lag else None
+
+    def update_due(self, before_rollout: bool) -> bool:
+        """Whether the update comes at this point of the iteration: under --policy_lag 1 before the rollout, on the
+        batch held from the last iteration (rank 0 learns while the other ranks roll out the next one); otherwise
+        after the gather, on the batch just gathered."""
+        return self.pending is not None and before_rollout == bool(self.config.policy_lag)
+
     def update(self, counters: Counters) -> tuple[dict[str, float], dict]:
         """The algorithm's update on the batch held; advances the counters and sets counters.stop when the budget is
         spent. Returns the update's statistics and the episodes of the batch it learned from."""
@@ -175,11 +201,18 @@ class Learner:
         return (f"The last good checkpoint, {kept[-1]}, is kept" if kept
                 else "No checkpoint was written yet (the run must start again)")
 
-    def close(self) -> None:
+    def finish(self, counters: Counters, signum: int | None, elapsed_s: float) -> None:
+        """Close the logs, plot the learning curve, and say how the run ended (``signum``: the stop signal, if any;
+        ``elapsed_s``: training seconds, a resumed run's earlier ones included)."""
         from trainer.plot import plot_runs
 
         self.logger.close()
         plot_runs([self.run_dir], self.run_dir / "learning_curve.png")
+        if signum is not None:
+            mpi_util.print0(f"stopped by signal {signum} after iteration {counters.iteration}; checkpoint written; "
+                            f"continue with: python train.py --resume {self.run_dir}")
+        mpi_util.print0(f"done: {counters.total_steps} steps, {counters.total_episodes} episodes in {elapsed_s:.0f} s; "
+                        f"run directory {self.run_dir}")
 
 
 def check_sync(learner_state: list, counters: Counters) -> float:

@@ -19,24 +19,12 @@ import numpy as np
 
 def play(run_dir: Path, episodes: int, video_path: str | None) -> int:
     """Play ``episodes`` episodes with the newest good checkpoint of ``run_dir``; 0 on success, 2 on bad input."""
-    import gymnasium
-
     from algos.numpy_actor import NumpyActor
     from trainer.checkpoint import CheckpointError, load_latest_checkpoint
 
-    if not (run_dir / "config.json").is_file():
-        print(f"train.py: error: --play {run_dir}: not a run directory (no config.json)", file=sys.stderr)
-        return 2
-    if episodes < 1:
-        print(f"train.py: error: --episodes must be at least 1, got {episodes}", file=sys.stderr)
-        return 2
-    if video_path and Path(video_path).suffix.lower() not in VIDEO_SUFFIXES:
-        print(f"train.py: error: --video {video_path}: name a file ending in {', '.join(VIDEO_SUFFIXES)} "
-              "(.png writes an image strip of the first episode)", file=sys.stderr)
-        return 2
-    if video_path and not Path(video_path).resolve().parent.is_dir():
-        print(f"train.py: error: --video {video_path}: directory {Path(video_path).resolve().parent} does not exist",
-              file=sys.stderr)
+    problem = check_play_inputs(run_dir, episodes, video_path)
+    if problem:
+        print(f"train.py: error: {problem}", file=sys.stderr)
         return 2
     config = json.loads((run_dir / "config.json").read_text())
     try:
@@ -46,54 +34,21 @@ def play(run_dir: Path, episodes: int, video_path: str | None) -> int:
         return 2
     for warning in warnings:
         print(f"train.py: warning: {warning}", file=sys.stderr)
-
-    render_mode = "rgb_array" if video_path else None
-    if video_path and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
-        os.environ["MUJOCO_GL"] = "egl"  # headless: no X display for MuJoCo's default GLFW backend
     try:
-        env = gymnasium.make(config["env_id"], render_mode=render_mode)
-        if video_path and has_tracking_camera(env):
-            # The default free camera stays where the episode started, and a walker leaves the picture.
-            env.close()
-            env = gymnasium.make(config["env_id"], render_mode=render_mode, camera_name="track")
-        env.reset(seed=config["seed"] + 10_000)
-        if video_path:
-            env.render()
-    except Exception as error:  # MuJoCo's renderer raises several types when no GL backend is available
-        print(f"train.py: error: cannot render {config['env_id']} offscreen with MUJOCO_GL="
-              f"{os.environ.get('MUJOCO_GL', 'glfw')} ({type(error).__name__}: {error}); "
-              "try MUJOCO_GL=egl (needs libEGL, the libegl1 package) or MUJOCO_GL=osmesa (needs libosmesa6)",
-              file=sys.stderr)
+        env = make_env(config, video_path)
+    except Exception as error:  # a renderer that cannot start raises any of several types
+        print(f"train.py: error: {render_problem(config['env_id'], error)}", file=sys.stderr)
         return 2
-    discrete = isinstance(env.action_space, gymnasium.spaces.Discrete)
     try:
-        actor = NumpyActor.from_ac_state(state["ac_state"], tuple(config["hidden"]), discrete)
+        actor = NumpyActor.from_ac_state(state["ac_state"], tuple(config["hidden"]), is_discrete(env))
     except (KeyError, ValueError) as error:
         print(f"train.py: error: {path} does not hold a policy for {config['env_id']}: {error}", file=sys.stderr)
         return 2
-    rng = np.random.default_rng(0)
-    frames = []  # (H, W, 3) uint8, one every render_every steps: rendering costs more than the step itself
+    print(f"playing {path} ({config['env_id']}, {config['algo']}, step {int(state['counters'][1])})")
     fps = float(env.metadata.get("render_fps", 30))
     render_every = 1 if not video_path or video_path.lower().endswith(".mp4") else math.ceil(fps / GIF_MAX_FPS)
-    print(f"playing {path} ({config['env_id']}, {config['algo']}, step {int(state['counters'][1])})")
-    returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=config["seed"] + 10_000 + episode)
-        done, total, length = False, 0.0, 0
-        if video_path:
-            frames.append(env.render())
-        while not done:
-            action = actor.act(np.asarray(obs, np.float32)[None], rng, deterministic=True)[0]
-            if not discrete:
-                action = np.clip(action, env.action_space.low, env.action_space.high)
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total, length, done = total + float(reward), length + 1, terminated or truncated
-            if video_path and length % render_every == 0:
-                frames.append(env.render())
-        returns.append(total)
-        if episode == 0:
-            first_episode_frames = len(frames)
-        print(f"episode {episode}: return {total:.1f}, length {length}")
+    returns, frames, first_episode_frames = play_episodes(env, actor, config["seed"], episodes,
+                                                          render_every if video_path else 0)
     print(f"mean return {np.mean(returns):.1f} over {episodes} episodes")
     if video_path:
         try:
@@ -104,6 +59,93 @@ def play(run_dir: Path, episodes: int, video_path: str | None) -> int:
             return 2
         print(f"wrote {video_path}")
     return 0
+
+
+def check_play_inputs(run_dir: Path, episodes: int, video_path: str | None) -> str | None:
+    """A one-line reason why --play cannot run as asked, found before any episode is played; None when it can."""
+    import importlib.util
+
+    if not (run_dir / "config.json").is_file():
+        return f"--play {run_dir}: not a run directory (no config.json)"
+    if episodes < 1:
+        return f"--episodes must be at least 1, got {episodes}"
+    if not video_path:
+        return None
+    suffix = Path(video_path).suffix.lower()
+    if suffix not in VIDEO_SUFFIXES:
+        return (f"--video {video_path}: name a file ending in {', '.join(VIDEO_SUFFIXES)} (.png writes an image strip "
+                "of the first episode)")
+    if not Path(video_path).resolve().parent.is_dir():
+        return f"--video {video_path}: directory {Path(video_path).resolve().parent} does not exist"
+    if importlib.util.find_spec("imageio") is None:
+        return f"--video {video_path} needs imageio: pip install imageio"
+    if suffix == ".mp4" and importlib.util.find_spec("imageio_ffmpeg") is None:
+        return f"--video {video_path}: .mp4 needs imageio-ffmpeg (pip install imageio-ffmpeg), or write a .gif or .png"
+    return None
+
+
+def make_env(config: dict, video_path: str | None) -> Any:
+    """The run's env, reset once, rendering offscreen when a video is recorded (its first frame is rendered here,
+    so that a renderer that cannot start fails before any episode is played)."""
+    import gymnasium
+
+    render_mode = "rgb_array" if video_path else None
+    if video_path and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
+        os.environ["MUJOCO_GL"] = "egl"  # headless: no X display for MuJoCo's default GLFW backend
+    env = gymnasium.make(config["env_id"], render_mode=render_mode)
+    if video_path and has_tracking_camera(env):
+        # The default free camera stays where the episode started, and a walker leaves the picture.
+        env.close()
+        env = gymnasium.make(config["env_id"], render_mode=render_mode, camera_name="track")
+    env.reset(seed=config["seed"] + 10_000)
+    if video_path:
+        env.render()
+    return env
+
+
+def render_problem(env_id: str, error: Exception) -> str:
+    """What to do when ``env_id`` cannot be made or rendered offscreen, in one line."""
+    import gymnasium
+
+    if isinstance(error, gymnasium.error.DependencyNotInstalled):
+        return f"cannot render {env_id}: {error}"  # gymnasium's message names the extra to install
+    return (f"cannot render {env_id} offscreen with MUJOCO_GL={os.environ.get('MUJOCO_GL', 'glfw')} "
+            f"({type(error).__name__}: {error}); try MUJOCO_GL=egl (needs libEGL, the libegl1 package) or "
+            "MUJOCO_GL=osmesa (needs libosmesa6)")
+
+
+def is_discrete(env: Any) -> bool:
+    import gymnasium
+
+    return isinstance(env.action_space, gymnasium.spaces.Discrete)
+
+
+def play_episodes(env: Any, actor: Any, seed: int, episodes: int,
+                  render_every: int) -> tuple[list[float], list[np.ndarray], int]:
+    """Play ``episodes`` deterministic episodes (seeds seed + 10000 + episode), printing each return. With
+    render_every > 0, keep a frame ((H, W, 3) uint8) every render_every steps: rendering costs more than the step.
+    Returns (the episodes' returns, the frames, how many of them belong to the first episode)."""
+    rng = np.random.default_rng(0)
+    discrete = is_discrete(env)
+    returns, frames, first_episode_frames = [], [], 0
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + 10_000 + episode)
+        done, total, length = False, 0.0, 0
+        if render_every:
+            frames.append(env.render())
+        while not done:
+            action = actor.act(np.asarray(obs, np.float32)[None], rng, deterministic=True)[0]
+            if not discrete:
+                action = np.clip(action, env.action_space.low, env.action_space.high)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total, length, done = total + float(reward), length + 1, terminated or truncated
+            if render_every and length % render_every == 0:
+                frames.append(env.render())
+        returns.append(total)
+        if episode == 0:
+            first_episode_frames = len(frames)
+        print(f"episode {episode}: return {total:.1f}, length {length}")
+    return returns, frames, first_episode_frames
 
 
 VIDEO_SUFFIXES = (".mp4", ".gif", ".png")
