@@ -341,7 +341,8 @@ def test_lr_sets_trpo_value_function_learning_rate_and_config_records_it(tmp_pat
         "for argv in (['CartPole-v1', '--algo', 'trpo'], ['CartPole-v1', '--algo', 'trpo', '--lr', '0.02'],\n"
         "             ['CartPole-v1']):\n"
         "    config, _, _ = build_config(parse_args(argv))\n"
-        "    learner = Learner(config, Path(sys.argv[1]), gymnasium.spaces.Box(-1.0, 1.0, (4,)), gymnasium.spaces.Discrete(2), False)\n"
+        "    learner = Learner(config, Path(sys.argv[1]), gymnasium.spaces.Box(-1.0, 1.0, (4,)),\n"
+        "                      gymnasium.spaces.Discrete(2), False)\n"
         "    optimizer = getattr(learner.algo, 'vf_optimizer', None) or learner.algo.optimizer\n"
         "    print(json.dumps([config.lr, float(optimizer.learning_rate.numpy())]))\n"
     )
