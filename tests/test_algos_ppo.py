@@ -1,6 +1,5 @@
-"""PPO: an update runs, learns CartPole quickly, and resumes bit for bit from saved state."""
+"""PPO: an update runs, learns CartPole quickly, and matches a plain Keras update (resuming: test_algos_registry)."""
 
-import copy
 import time
 
 import gymnasium
@@ -67,34 +66,6 @@ def test_learns_cartpole():
     mean_returns.append(episodes["ep_return"].mean())
     assert mean_returns[0] < 40 and mean_returns[-1] > 100, mean_returns
     assert time.monotonic() - start < 60, "the learning check must stay short"
-
-
-def test_resume_from_saved_state_is_bit_identical():
-    cfg = PPOConfig(epochs=3)
-    ac, ppo = make_learner(0, cfg)
-    first, second = cartpole_batches(ac, 2, n_steps=256)
-    update(ppo, first)
-    saved_weights = [v.numpy() for v in ac.variables()]
-    saved_normalizers = [a.copy() for a in ac.obs_rms.arrays() + ac.ret_rms.arrays()]
-    saved_optimizer = ppo.optimizer_state()
-    saved_rng = copy.deepcopy(ppo.rng_state())
-    stats = update(ppo, second)
-
-    resumed_ac, resumed = make_learner(1, cfg)  # different initial weights and shuffling, all overwritten
-    for variable, value in zip(resumed_ac.variables(), saved_weights, strict=True):
-        variable.assign(value)
-    resumed_normalizers = resumed_ac.obs_rms.arrays() + resumed_ac.ret_rms.arrays()
-    for array, value in zip(resumed_normalizers, saved_normalizers, strict=True):
-        array[...] = value
-    resumed.set_optimizer_state(saved_optimizer)
-    resumed.set_rng_state(saved_rng)
-    assert update(resumed, second) == stats
-    for a, b in zip(ac.variables(), resumed_ac.variables(), strict=True):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
-    for a, b in zip(ppo.optimizer_state(), resumed.optimizer_state(), strict=True):
-        np.testing.assert_array_equal(a, b)
-    for a, b in zip(ac.obs_rms.arrays(), resumed_ac.obs_rms.arrays(), strict=True):
-        np.testing.assert_array_equal(a, b)
 
 
 def keras_reference_update(ac: ActorCritic, cfg: PPOConfig, seed: int, batch: dict[str, np.ndarray]) -> list[float]:

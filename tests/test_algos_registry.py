@@ -1,9 +1,12 @@
-"""algos.registry: PPO and TRPO satisfy the Algorithm protocol, and a third algorithm (tests/numpy_algo.py) runs in
-train.py from one registry entry, with no other change: --algo's choices, the default --lr, the learner, the
-learning-rate schedule and the checkpoint all come from the registry."""
+"""algos.registry: every algorithm in ALGORITHMS satisfies the Algorithm protocol and resumes bit for bit from its
+saved state, and a third algorithm (tests/numpy_algo.py) runs in train.py from one registry entry, with no other
+change: --algo's choices, the default --lr, the learner, the learning-rate schedule and the checkpoint all come from
+the registry. A new algorithm gets these tests, and test_train.py's learning, resume and schedule runs, from its
+registry line."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import sys
@@ -11,11 +14,16 @@ from dataclasses import fields
 from pathlib import Path
 
 import gymnasium
+import keras
+import numpy as np
 import pytest
 from conftest import REPO, run_bounded
 
+from algos.policy import ActorCritic
 from algos.registry import ALGORITHMS, Algorithm
+from algos.rollout import RolloutWorker
 from trainer.config import TrainConfig
+from trainer.resume import as_numpy
 
 TESTS = Path(__file__).resolve().parent
 # train.py with one more registry line, added at run time: the entry a new algorithm's author adds to ALGORITHMS.
@@ -61,13 +69,50 @@ def test_importing_the_registry_and_what_train_py_moved_out_imports_no_tensorflo
     assert result.stdout.strip() == "False", result.stderr[-2000:]
 
 
+def build(name: str, seed: int) -> tuple[ActorCritic, Algorithm]:
+    """ALGORITHMS[name] with its defaults on a CartPole actor-critic whose weights ``seed`` draws."""
+    keras.utils.set_random_seed(seed)
+    config = TrainConfig(env_id="CartPole-v1", algo=name, seed=seed, **ALGORITHMS[name].defaults)
+    ac = ActorCritic(4, gymnasium.spaces.Discrete(2), hidden=config.hidden)
+    return ac, ALGORITHMS[name].build(ac, config)
+
+
+def learn(algo: Algorithm, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    return algo.update(batch["obs"], batch["act"], batch["adv"], batch["ret"])
+
+
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_every_algorithm_builds_from_the_config_and_satisfies_the_protocol(name):
-    from algos.policy import ActorCritic
-
-    config = TrainConfig(env_id="CartPole-v1", algo=name, **ALGORITHMS[name].defaults)
-    algo = ALGORITHMS[name].build(ActorCritic(4, gymnasium.spaces.Discrete(2), hidden=config.hidden), config)
+    _, algo = build(name, 0)
     assert isinstance(algo, Algorithm)
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_every_algorithm_resumes_from_its_saved_state_bit_for_bit(name):
+    # What a checkpoint keeps (the actor-critic's weights and normalizers, the optimizer's and the RNG's state),
+    # put into a learner built with other weights and another seed, must give the same next update to the bit.
+    ac, algo = build(name, 0)
+    worker = RolloutWorker(gymnasium.make("CartPole-v1"), seed=0, gamma=0.99, lam=0.95)
+    rng = np.random.default_rng(0)
+    first, second = [worker.collect(256, ac.numpy_actor(), rng)[0] for _ in range(2)]
+    learn(algo, first)
+    saved_state = [as_numpy(v) for v in ac.broadcast_state()]
+    saved_optimizer, saved_rng = algo.optimizer_state(), copy.deepcopy(algo.rng_state())
+    stats = learn(algo, second)
+
+    resumed_ac, resumed = build(name, 1)
+    for variable, value in zip(resumed_ac.broadcast_state(), saved_state, strict=True):
+        if isinstance(variable, np.ndarray):
+            variable[...] = value
+        else:
+            variable.assign(value)
+    resumed.set_optimizer_state(saved_optimizer)
+    resumed.set_rng_state(saved_rng)
+    assert learn(resumed, second) == stats
+    for a, b in zip(ac.broadcast_state(), resumed_ac.broadcast_state(), strict=True):
+        np.testing.assert_array_equal(as_numpy(a), as_numpy(b))
+    for a, b in zip(algo.optimizer_state(), resumed.optimizer_state(), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_third_algorithm_runs_from_one_registry_line(tmp_path):

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_bounded
 
+from algos.registry import ALGORITHMS
+
 TRAIN = str(REPO / "train.py")
 # Columns that depend on the wall clock; every other logged value must be reproducible.
 TIMING_COLUMNS = {"steps_per_s", "wall_s", "t_rollout", "t_gather", "t_update", "t_bcast"}
@@ -39,15 +41,10 @@ def runs_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("runs")
 
 
-LEARNING = [
-    # env, algo, steps, threshold on the mean return of the last two iterations (random play: ~22 and ~8)
-    ("CartPole-v1", "ppo", 30720, 400.0),
-    ("CartPole-v1", "trpo", 30720, 400.0),
-    ("InvertedPendulum-v5", "ppo", 30720, 500.0),
-    ("InvertedPendulum-v5", "trpo", 30720, 500.0),
-]
-# Seed 0 unless named here. Round-off moves a run's trajectory, and CartPole PPO can peak and fall back within this
-# budget: at seed 0 it reached 479 at 22,528 steps and ended at 250 and 273 (seeds 1 and 2 end at 500).
+# Every algorithm in the registry learns each of these at 2 processes: (env, steps, threshold on the mean return of
+# the last two iterations; random play gets about 22 and 8).
+LEARNING_ENVS = [("CartPole-v1", 30720, 400.0), ("InvertedPendulum-v5", 30720, 500.0)]
+LEARNING = [(env_id, algo, steps, threshold) for algo in ALGORITHMS for env_id, steps, threshold in LEARNING_ENVS]
 SEEDS = {("CartPole-v1", "ppo"): 1}
 
 
@@ -103,11 +100,13 @@ def test_tensorboard_reads_every_logged_value(learned_runs):
 
 
 @pytest.mark.xdist_group("learned_runs")
-def test_ppo_learning_rate_decays_linearly_over_the_step_budget(learned_runs):
-    rows = progress(learned_runs[("CartPole-v1", "ppo")])
+@pytest.mark.parametrize("algo", [name for name, spec in ALGORITHMS.items() if "lr_schedule" in spec.defaults])
+def test_learning_rate_decays_linearly_over_the_step_budget(learned_runs, algo):
+    rows = progress(learned_runs[("CartPole-v1", algo)])
     lrs = [float(r["lr"]) for r in rows]
-    # Update i (from 0) sees the budget with i batches already spent: 3e-4 * (1 - i * 2048 / 30720).
-    assert lrs == pytest.approx([3e-4 * (1 - i / 15) for i in range(15)], rel=1e-6)
+    # Update i (from 0) sees the budget with i batches already spent: lr * (1 - i * 2048 / 30720).
+    lr = ALGORITHMS[algo].defaults["lr"]
+    assert lrs == pytest.approx([lr * (1 - i / 15) for i in range(15)], rel=1e-6)
 
 
 @pytest.mark.xdist_group("learned_runs")
@@ -189,16 +188,20 @@ def test_same_seed_same_results_other_seed_differs(runs_dir):
     assert reproducible_part(progress(first)) != reproducible_part(progress(other))
 
 
-@pytest.mark.parametrize(("envs_per_rank", "episodes_by_iteration_3"), [(1, 30), (2, 28)])
-def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir, envs_per_rank, episodes_by_iteration_3):
+# Every algorithm with one env per rank; the first also with two.
+RESUMES = [(algo, 1, 30) for algo in ALGORITHMS] + [(next(iter(ALGORITHMS)), 2, 28)]
+
+
+@pytest.mark.parametrize(("algo", "envs_per_rank", "episodes_by_iteration_3"), RESUMES)
+def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir, algo, envs_per_rank, episodes_by_iteration_3):
     # The same step budget for both, so the linear learning-rate schedule is the same: the first part stops
     # on an episode budget instead (Pendulum's episodes all last 200 steps; after iteration 3 each of the 2 x 1
     # envs has run 3072 steps, 15 episodes, and each of the 2 x 2 envs 1536 steps, 7 episodes).
-    common = ["Pendulum-v1", "--nprocs", "2", "--envs_per_rank", str(envs_per_rank), "--checkpoint_every", "3",
-              "--total_steps", "12288"]
-    whole, _ = train(*common, "--logdir", str(runs_dir / f"whole{envs_per_rank}"))
+    common = ["Pendulum-v1", "--algo", algo, "--nprocs", "2", "--envs_per_rank", str(envs_per_rank),
+              "--checkpoint_every", "3", "--total_steps", "12288"]
+    whole, _ = train(*common, "--logdir", str(runs_dir / f"whole_{algo}{envs_per_rank}"))
     part, _ = train(*common, "--num_episodes", str(episodes_by_iteration_3),
-                    "--logdir", str(runs_dir / f"part{envs_per_rank}"))
+                    "--logdir", str(runs_dir / f"part_{algo}{envs_per_rank}"))
     resumed, out = train("--resume", str(part), "--nprocs", "2", "--num_episodes", "1000")
     assert resumed == part
     assert "from ckpt_00000003.pkl: iteration 3, step 6144" in out
