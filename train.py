@@ -34,7 +34,7 @@ from mpi_util.supervise import check_process_room  # noqa: E402
 from trainer.config import TrainConfig, build_config, check_config  # noqa: E402
 from trainer.counters import Counters  # noqa: E402
 from trainer.job import actor_state_to_receive, job_resources, make_rollout_worker, share_of_batch  # noqa: E402
-from trainer.learner import TTY_VARIABLE, Learner, check_sync  # noqa: E402
+from trainer.learner import Learner, check_sync  # noqa: E402
 from trainer.options import RL_MODULES, WORKER_MODULES, launch_settings, missing_modules  # noqa: E402
 from trainer.options import parse_args as parse_options  # noqa: E402
 from trainer.resume import as_numpy, checkpoint, restart_from_newest_checkpoint, restore, resume_note  # noqa: E402
@@ -81,10 +81,8 @@ def main() -> int:
         print(f"train.py: stopped by signal {early_stop_signals[0]} before training started", file=sys.stderr)
         return 0
     os.environ[RUN_DIR_VARIABLE] = str(run_dir)
-    os.environ[TTY_VARIABLE] = "1" if mpi_util.stdout_is_terminal() else "0"
     try:
-        fork = mpi_util.mpi_fork(config.nprocs, config.gpu_pct, on_failure=restart_from_newest_checkpoint(run_dir),
-                                 **launch)
+        fork = mpi_util.mpi_fork(config.nprocs, on_failure=restart_from_newest_checkpoint(run_dir), **launch)
     except ValueError as error:  # more processes than this host allows
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
@@ -127,7 +125,6 @@ def main_in_rank(args: argparse.Namespace) -> int:
     if isinstance(setup, str):
         return 2
     config, run_dir, resuming = setup
-    os.environ.setdefault(TTY_VARIABLE, "1" if mpi_util.stdout_is_terminal() else "0")
     return train(config, run_dir, resuming)
 
 

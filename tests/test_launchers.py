@@ -83,14 +83,15 @@ def test_local_rank_is_the_rank_among_the_ranks_of_this_host(tmp_path):
     assert all(tty == "False" for *_, tty in rows), rows
 
 
-def test_stdout_is_terminal_follows_the_launchers_terminal(tmp_path):
-    command, env = launcher("-n", "2", sys.executable, str(SCRIPTS / "launch_probe.py"), str(tmp_path / "ranks"))
+def run_in_terminal(command: list[str], env: dict[str, str], timeout: float) -> str:
+    """Run ``command`` with a pseudo-terminal as its stdout and stderr, as a user at a terminal would; fails the test
+    unless it exits 0 within ``timeout`` s. Returns what it wrote to the terminal."""
     controller, terminal = pty.openpty()
     try:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal,
                                 env={**os.environ, "PYTHONPATH": str(REPO), **env}, start_new_session=True)
         os.close(terminal)
-        output, deadline = b"", time.monotonic() + 90
+        output, deadline = b"", time.monotonic() + timeout
         while time.monotonic() < deadline:  # drain the terminal so the job never blocks on a full one
             if not select.select([controller], [], [], 1.0)[0]:
                 if proc.poll() is not None:
@@ -105,12 +106,26 @@ def test_stdout_is_terminal_follows_the_launchers_terminal(tmp_path):
             returncode = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"timed out after 90 s: {' '.join(command)}\n{output.decode(errors='replace')[-3000:]}")
+            pytest.fail(f"timed out after {timeout} s: {' '.join(command)}\n{output.decode(errors='replace')[-3000:]}")
         assert returncode == 0, output.decode(errors="replace")[-3000:]
     finally:
         os.close(controller)
+    return output.decode(errors="replace")
+
+
+def test_stdout_is_terminal_follows_the_launchers_terminal(tmp_path):
+    command, env = launcher("-n", "2", sys.executable, str(SCRIPTS / "launch_probe.py"), str(tmp_path / "ranks"))
+    run_in_terminal(command, env, timeout=90)
     rows = [line.split() for line in (tmp_path / "ranks").read_text().splitlines()]
     assert [tty for *_, tty in rows] == ["True", "True"], rows
+
+
+def test_train_nprocs_at_a_terminal_draws_the_progress_bar(tmp_path):
+    # The ranks' stdout is a pipe to mpiexec: rank 0 finds the user's terminal on the stdout of the mpiexec that
+    # train.py's launching process started, which is the user's.
+    output = run_in_terminal([sys.executable, TRAIN, "CartPole-v1", "--nprocs", "2", "--total_steps", "2048",
+                              "--batch_size", "1024", "--logdir", str(tmp_path / "runs")], {}, timeout=180)
+    assert "PPO on CartPole-v1: 2 processes" in output and "step/s" in output and "\r" in output, output[-3000:]
 
 
 def test_fork_job_with_shared_windows_prints_nothing_on_stderr():

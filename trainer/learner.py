@@ -22,8 +22,6 @@ from trainer.resume import as_numpy
 from trainer.run_dir import RunDirInUseError, RunDirLock, lock_run_dir
 from trainer.versions import stack_versions, version_changes
 
-TTY_VARIABLE = "MPI_BATCH_RL_TTY"  # ranks' stdout is a pipe to mpiexec; the parent says if the user has a terminal
-
 
 class Learner:
     """Rank 0's side: the TensorFlow actor-critic, the algorithm that updates it (--algo, built as algos.registry's
@@ -96,7 +94,7 @@ class Learner:
             record = {**asdict(self.config), **job, "rank0_cpus": self.cpus, **self.threads, "versions": self.versions}
             write_atomic(self.run_dir / "config.json", (json.dumps(record, indent=2) + "\n").encode())
             self.logger = RunLogger(self.run_dir, self.config.total_steps,
-                                    progress_bar=os.environ.get(TTY_VARIABLE) == "1", resume=resuming)
+                                    progress_bar=mpi_util.stdout_is_terminal(), resume=resuming)
             if resuming:
                 self.logger.truncate_after(iteration)
         except OSError as error:
