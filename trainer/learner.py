@@ -8,8 +8,8 @@ import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import gymnasium
 import numpy as np
 
 import mpi_util
@@ -21,6 +21,9 @@ from trainer.counters import Counters
 from trainer.resume import as_numpy
 from trainer.run_dir import RunDirInUseError, RunDirLock, lock_run_dir
 from trainer.versions import stack_versions, version_changes
+
+if TYPE_CHECKING:
+    import gymnasium
 
 
 class Learner:
