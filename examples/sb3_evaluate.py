@@ -10,6 +10,11 @@ env's own (norm_reward=False).
 
 import argparse
 
+# Before stable_baselines3, as docs/sb3.md asks: SB3's logger would otherwise load TensorFlow (when installed) through
+# tensorboard, and a torch with triton then aborts the process. Nothing here runs on more than one process.
+import mpi_util.sb3  # noqa: F401
+
+# isort: split
 from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy

@@ -126,17 +126,25 @@ def _describe_mismatch(signatures: list[list[tuple[tuple[int, ...], str]]]) -> s
 
 
 def rank0_bcast_wts(x: Any, comm: MPI.Comm | None = None) -> None:
-    """Overwrite the variables in ``x`` on every rank with rank 0's values, bit for bit.
+    """Overwrite the variables in ``x`` on every rank with rank 0's values, bit for bit. Every rank must call it.
 
-    x: a Keras model or layer, a tf.Module, a torch.nn.Module (parameters and buffers), a tf.Variable, a numpy
-    array (0-d included), or a (nested) list of these; numpy arrays are updated in place. Numbers, numpy scalars and
-    JAX arrays cannot be written in place: TypeError, pointing at rank0_bcast_tree. The same structure (count, shapes,
-    dtypes) is needed on every rank, else WeightMismatchError on every rank naming the rank and variable.
     After one small exchange in which ranks check they hold the same shapes (and wait for each other without
     spinning), variables under 256 KiB travel packed in one buffer per dtype, larger ones each from its own memory:
     when every rank is on one host (the doorbell in use) and the total is at most 16 MiB, rank 0 copies them into a
     shared-memory window and goes on while the others copy them out (``HostTransport.bcast`` in host.py); else one
     Ibcast each.
+
+    Args:
+        x: a Keras model or layer, a tf.Module, a torch.nn.Module (parameters and buffers), a tf.Variable, a numpy
+            array (any shape, 0-d included), or a (nested) list of these; numpy arrays are updated in place. The
+            same structure (count, shapes, dtypes) is needed on every rank.
+        comm: the communicator; None for COMM_WORLD.
+
+    Raises:
+        TypeError: ``x`` holds numbers, numpy scalars or JAX arrays, which cannot be written in place (the message
+            points at rank0_bcast_tree), or anything else it cannot read.
+        WeightMismatchError: on every rank, naming the rank and variable, when the ranks' structures differ (or a
+            rank passed a read-only numpy array).
     """
     comm = COMM_WORLD if comm is None else comm
     leaves = _flatten(x)
@@ -318,19 +326,29 @@ def _describe_tree_mismatch(signatures: list[tuple[list[str], list[tuple]]]) -> 
 
 def rank0_bcast_tree(tree: Any, comm: MPI.Comm | None = None) -> Any:
     """Rank 0's values of ``tree``, returned on every rank in the same structure: the functional form of
-    rank0_bcast_wts, for values that cannot be written in place (JAX arrays, numbers) and for dicts.
+    rank0_bcast_wts, for values that cannot be written in place (JAX arrays, numbers) and for dicts. Every rank must
+    call it.
 
-    tree: a pytree as JAX sees one: nested dicts (flax parameters; any Mapping), lists, tuples and namedtuples (optax
-    states), None (an empty subtree, kept), and, when JAX is imported, nodes of types registered with its pytree
-    registry; leaves are arrays of any shape (0-d included) and numeric or bool dtype (numpy, JAX,
-    anything with __array__), numpy scalars and Python numbers. Every rank passes the same structure, leaf shapes
-    and dtypes, else WeightMismatchError on every rank naming the rank and the first leaf path (tree['w'].mu) or
-    container that differs.
-    Returns a new tree of the same containers on every rank (rank 0 included): each array leaf a new numpy array
-    holding rank 0's values bit for bit, with the leaf's dtype and shape (jax.numpy.asarray or a jitted function
-    takes it as is), each numpy scalar a numpy scalar of its dtype, each Python number a Python number. The input is
-    never modified. The arrays travel as rank0_bcast_wts's do: packed per dtype below 256 KiB, through shared memory
-    on one host.
+    The input is never modified. The arrays travel as rank0_bcast_wts's do: packed per dtype below 256 KiB, through
+    shared memory on one host.
+
+    Args:
+        tree: a pytree as JAX sees one: nested dicts (flax parameters; any Mapping), lists, tuples and namedtuples
+            (optax states), None (an empty subtree, kept), and, when JAX is imported, nodes of types registered with
+            its pytree registry; leaves are arrays of any shape (0-d included) and numeric or bool dtype (numpy,
+            JAX, anything with __array__), numpy scalars and Python numbers. Every rank passes the same structure,
+            leaf shapes and dtypes.
+        comm: the communicator; None for COMM_WORLD.
+
+    Returns:
+        A new tree of the same containers on every rank (rank 0 included): each array leaf a new numpy array
+        holding rank 0's values bit for bit, with the leaf's dtype and shape (jax.numpy.asarray or a jitted function
+        takes it as is), each numpy scalar a numpy scalar of its dtype, each Python number a Python number.
+
+    Raises:
+        TypeError: a leaf is not numeric or bool (a string, a function); send those with bcast_object.
+        WeightMismatchError: on every rank, naming the rank and the first leaf path (tree['w'].mu) or container
+            that differs, when the ranks' structures, leaf shapes or dtypes differ.
     """
     comm = COMM_WORLD if comm is None else comm
     leaves: list[_Leaf] = []
@@ -357,6 +375,13 @@ def bcast_object(obj: Any, comm: MPI.Comm | None = None) -> Any:
     For small state that is not an array (a config, a resumed run's per-rank state): pickled on rank 0 and moved as
     rank0_bcast_wts moves weights, so ranks wait for each other without spinning and within the stall limit. Every
     rank must call it.
+
+    Args:
+        obj: on rank 0, anything ``pickle`` takes; ignored on the other ranks.
+        comm: the communicator; None for COMM_WORLD.
+
+    Returns:
+        A copy of rank 0's ``obj`` on every rank (rank 0 included, also with one rank).
     """
     comm = COMM_WORLD if comm is None else comm
     if comm.Get_size() == 1:
@@ -380,9 +405,17 @@ def _read_all(x: Any) -> list[np.ndarray]:
 
 
 def ranks_out_of_sync(x: Any, comm: MPI.Comm | None = None) -> list[int]:
-    """The ranks whose values of ``x`` differ from rank 0's in any bit (shapes and dtypes included), on every rank;
-    [] when every rank holds the same. x: anything rank0_bcast_wts or rank0_bcast_tree takes. One small exchange of
-    a 63-bit digest per rank, no data moved. Every rank must call it."""
+    """The ranks whose values of ``x`` differ from rank 0's in any bit (shapes and dtypes included), on every rank.
+
+    One small exchange of a 63-bit digest per rank, no data moved. Every rank must call it.
+
+    Args:
+        x: anything rank0_bcast_wts or rank0_bcast_tree takes.
+        comm: the communicator; None for COMM_WORLD.
+
+    Returns:
+        The differing ranks in increasing order, the same list on every rank; [] when every rank holds the same.
+    """
     comm = COMM_WORLD if comm is None else comm
     digest = hashlib.blake2b(digest_size=8)
     for value in _read_all(x):

@@ -24,6 +24,13 @@ class SharedBudget:
     collectives every rank passes: for a rollout, after ``rank0_accum_batches`` (every rank has finished taking to
     reach it) and before ``rank0_bcast_wts`` (no rank starts again before it).
     Which rank gets which units depends on timing: runs that use it are not reproducible bit for bit.
+
+    Args:
+        total: the units of work, an integer >= 0.
+        comm: the communicator; None for COMM_WORLD.
+
+    Raises:
+        ValueError: ``total`` < 0, or the ranks of ``comm`` are not all on one host (on every rank).
     """
 
     def __init__(self, total: int, comm: MPI.Comm | None = None) -> None:
@@ -40,7 +47,14 @@ class SharedBudget:
         self._result = np.zeros(1, dtype=np.int64)
 
     def take(self, n: int) -> int:
-        """Take up to ``n`` units; returns how many this rank got (``n``, fewer when the budget runs out, 0 after)."""
+        """Take up to ``n`` units. Not collective.
+
+        Args:
+            n: the units wanted; 0 or less takes none.
+
+        Returns:
+            How many this rank got: ``n``, fewer when the budget runs out, 0 after.
+        """
         if n <= 0:
             return 0
         self._operand[0] = n

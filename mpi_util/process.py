@@ -21,7 +21,12 @@ from .supervise import note_exit
 if not in_child_of_rank:
     COMM_WORLD: MPI.Comm = MPI.COMM_WORLD
     rank: int = COMM_WORLD.Get_rank()
+    """This process's rank in COMM_WORLD, 0 to ``nworkers - 1``: 0 in a script that no launcher started, and in
+    a multiprocessing child of a rank that rank's number (read from the launcher's variables). In the recipe rank 0
+    alone learns."""
     nworkers: int = COMM_WORLD.Get_size()
+    """The number of ranks in COMM_WORLD: 1 in a script that no launcher started (or before ``mpi_fork`` relaunches
+    it), and in a multiprocessing child of a rank the job's size (read from the launcher's variables)."""
 else:
     # A multiprocessing child of a rank, without MPI (children.py): the rank it belongs to, from the launcher's
     # variables, and a COMM_WORLD that says where collectives belong when one is called here.
@@ -30,7 +35,15 @@ else:
 
 
 def print0(*args: Any, comm: MPI.Comm | None = None, **kwargs: Any) -> None:
-    """``print`` on rank 0 of ``comm`` only, flushed at once (output from mpiexec is otherwise held back)."""
+    """``print`` on rank 0 of ``comm`` only, flushed at once (output from mpiexec is otherwise held back).
+
+    Not a collective: the other ranks return at once.
+
+    Args:
+        *args: what ``print`` prints.
+        comm: the communicator whose rank 0 prints; None for COMM_WORLD.
+        **kwargs: ``print``'s keywords (``file``, ``end``, ...); ``flush`` defaults to True.
+    """
     comm = COMM_WORLD if comm is None else comm
     if comm.Get_rank() == 0:
         kwargs.setdefault("flush", True)
@@ -55,6 +68,12 @@ def local_rank(comm: MPI.Comm | None = None) -> int:
     the default --map-by), so under Open MPI ``mpi_fork``, which every rank calls, computes the host's order once;
     a script that skips mpi_fork gets Open MPI's value, still one distinct number per rank of a host. Otherwise (or
     for another communicator) a shared-memory communicator split, a collective: then every rank must call this.
+
+    Args:
+        comm: the communicator; None for COMM_WORLD.
+
+    Returns:
+        This rank's position among ``comm``'s ranks on its host, 0 for the first.
     """
     comm = COMM_WORLD if comm is None else comm
     if comm is COMM_WORLD:
@@ -105,6 +124,9 @@ def stdout_is_terminal() -> bool:
     the user sent the output to a file. So when the launcher (mpiexec, mpirun, prterun) is an ancestor of this
     process, the answer is whether the launcher's own stdout is a terminal; elsewhere under Open MPI (a rank on
     another host) False; otherwise ``sys.stdout.isatty()``.
+
+    Returns:
+        True when this process's output reaches a terminal.
     """
     launcher = _launcher_stdout()
     if launcher is not None:
@@ -146,9 +168,15 @@ def _launcher_stdout() -> bool | None:
 def abort(message: str, code: int = 1, late_ranks: Sequence[int] = ()) -> NoReturn:
     """Print ``message`` to stderr and end the whole MPI job (every rank) with exit status ``code``. Never returns.
 
-    For a rank that cannot go on while the others are, or soon will be, waiting for it in a collective.
-    late_ranks: the ranks the job ends for, when they stopped making progress (CollectiveStallError.late_ranks):
-    mpi_fork's launching process then names them, not this rank, in its last line.
+    For a rank that cannot go on while the others are, or soon will be, waiting for it in a collective. Not a
+    collective: one rank calls it.
+
+    Args:
+        message: what to print to stderr, one or more lines.
+        code: the job's exit status.
+        late_ranks: the ranks the job ends for, when they stopped making progress
+            (CollectiveStallError.late_ranks): mpi_fork's launching process then names them, not this rank, in its
+            last line.
     """
     note_exit("aborted", late_ranks)  # for the launching process: this rank ended the job, it was not killed
     sys.stdout.flush()
@@ -192,7 +220,8 @@ def _wait_for_reader(stream: Any, timeout_s: float = 2.0) -> None:
 def install_abort_on_exception() -> None:
     """Make an uncaught exception on any rank print its traceback and abort the whole MPI job.
 
-    Without this, the other ranks wait forever in their next collective for the rank that died.
+    Without this, the other ranks wait forever in their next collective for the rank that died. With one rank it
+    does nothing. Every rank's ``mpi_fork`` call installs it.
     """
     if COMM_WORLD.Get_size() == 1:
         return

@@ -42,10 +42,18 @@ def _allreduce_sum(x: Any, comm: MPI.Comm, what: str) -> np.ndarray:
 
 
 def all_sum(x: Any, comm: MPI.Comm | None = None) -> Any:
-    """Sum of ``x`` over all ranks, on every rank.
+    """Sum of ``x`` over all ranks, on every rank. Every rank must call it.
 
-    x: a number or an array of any numeric dtype, the same shape on every rank. Returns a Python number for a
-    scalar, an array of x's shape and dtype otherwise (bool sums to int64).
+    Args:
+        x: a number or an array of any numeric dtype, the same shape on every rank.
+        comm: the communicator; None for COMM_WORLD.
+
+    Returns:
+        A Python number for a scalar, an array of x's shape and dtype otherwise (bool sums to int64).
+
+    Raises:
+        TypeError: ``x`` is not numbers.
+        ValueError: on every rank, when the ranks passed different shapes or dtypes.
     """
     comm = COMM_WORLD if comm is None else comm
     total = _allreduce_sum(x, comm, "all_sum")
@@ -53,7 +61,20 @@ def all_sum(x: Any, comm: MPI.Comm | None = None) -> Any:
 
 
 def all_mean(x: Any, comm: MPI.Comm | None = None) -> Any:
-    """Mean of ``x`` over all ranks, on every rank: float64 for integer or bool input, x's float dtype otherwise."""
+    """Mean of ``x`` over all ranks, on every rank. Every rank must call it.
+
+    Args:
+        x: a number or an array of any numeric dtype, the same shape on every rank.
+        comm: the communicator; None for COMM_WORLD.
+
+    Returns:
+        A Python number for a scalar, an array of x's shape otherwise: float64 for integer or bool input, x's float
+        dtype otherwise.
+
+    Raises:
+        TypeError: ``x`` is not numbers.
+        ValueError: on every rank, when the ranks passed different shapes or dtypes.
+    """
     comm = COMM_WORLD if comm is None else comm
     arr = np.asarray(x)
     if arr.dtype.kind in "biu":

@@ -37,15 +37,25 @@ class Moments(NamedTuple):
     """One RunningMeanStd's statistics as plain values: mean and var (*shape) float64 arrays, count a float."""
 
     mean: np.ndarray
+    """The mean, (*shape) float64."""
     var: np.ndarray
+    """The variance, (*shape) float64."""
     count: float
+    """The number of samples behind them."""
 
 
 def read_moments(stats: Any) -> Moments:
     """float64 copies of ``stats.mean``, ``stats.var`` (*shape) and ``stats.count``, read now; not a collective.
 
-    Raises TypeError when ``stats`` lacks one of the attributes or holds something that is not numbers, ValueError
-    when mean and var differ in shape.
+    Args:
+        stats: an object with ``.mean``, ``.var`` and ``.count`` (gymnasium's or SB3's RunningMeanStd).
+
+    Returns:
+        Moments(mean (*shape) float64, var (*shape) float64, count float).
+
+    Raises:
+        TypeError: ``stats`` lacks one of the attributes or holds something that is not numbers.
+        ValueError: mean and var differ in shape, or count is not one number.
     """
     values = []
     for name in ("mean", "var", "count"):
@@ -78,7 +88,12 @@ def _like(original: Any, value: np.ndarray | float) -> Any:
 
 def write_moments(stats: Any, moments: Moments) -> None:
     """Assign ``moments`` to ``stats.mean``, ``stats.var`` and ``stats.count``, each in the type and dtype the attribute
-    holds now (new objects: arrays a caller took from ``stats`` earlier are left as they were); not a collective."""
+    holds now (new objects: arrays a caller took from ``stats`` earlier are left as they were); not a collective.
+
+    Args:
+        stats: an object with ``.mean``, ``.var`` (*shape) and ``.count``, written in place.
+        moments: the values to write: mean and var (*shape), count.
+    """
     stats.mean = _like(stats.mean, moments.mean)
     stats.var = _like(stats.var, moments.var)
     stats.count = _like(stats.count, moments.count)
@@ -87,10 +102,17 @@ def write_moments(stats: Any, moments: Moments) -> None:
 def merge_moments(shared: Moments | tuple, per_rank: Sequence[Moments | tuple]) -> Moments:
     """The statistics of every sample behind ``shared`` and every rank's additions since; not a collective.
 
-    shared: (mean (*shape), var (*shape), count) that every rank started from. per_rank[r]: rank r's statistics now,
-    the same shape; rank r added count_r - count_shared samples. Each rank's sum and sum of squares of its new samples,
-    taken about the shared mean to keep the subtraction well conditioned, are recovered from its statistics and added
-    up. Returns float64 (mean, var, count); with one rank, its own statistics unchanged (as float64).
+    Each rank's sum and sum of squares of its new samples, taken about the shared mean to keep the subtraction well
+    conditioned, are recovered from its statistics and added up.
+
+    Args:
+        shared: (mean (*shape), var (*shape), count) that every rank started from.
+        per_rank: per_rank[r] is rank r's statistics now, the same shape; rank r added count_r - count_shared
+            samples.
+
+    Returns:
+        Moments(mean (*shape), var (*shape), count), float64; with one rank, its own statistics unchanged (as
+        float64).
     """
     if len(per_rank) == 1:  # its statistics are the result; the arithmetic below would round them
         mean, var, count = per_rank[0]
@@ -121,11 +143,19 @@ _ERRORS = {"TypeError": TypeError, "ValueError": ValueError}
 class SharedRunningStats:
     """Running statistics that every rank of ``comm`` holds the same after each ``merge``.
 
-    stats: one object with ``.mean``, ``.var`` and ``.count`` (gymnasium's or SB3's RunningMeanStd) or a list of
-    them, the same shapes and dtypes in the same order on every rank. The objects are kept; their attributes are read
-    at every call. Building it is a collective: every rank takes rank 0's statistics (bit for bit), which become the
-    shared starting point. Build it before the envs' first reset, whose observations already update an observation
-    normalizer (after it, the other ranks' reset observations are replaced by rank 0's).
+    The objects are kept; their attributes are read at every call. Building it is a collective: every rank takes rank
+    0's statistics (bit for bit), which become the shared starting point. Build it before the envs' first reset,
+    whose observations already update an observation normalizer (after it, the other ranks' reset observations are
+    replaced by rank 0's).
+
+    Args:
+        stats: one object with ``.mean``, ``.var`` (*shape) and ``.count`` (gymnasium's or SB3's RunningMeanStd) or
+            a list of them, the same shapes and dtypes in the same order on every rank.
+        comm: the communicator; None for COMM_WORLD.
+
+    Raises:
+        TypeError: on every rank, when a rank's statistics cannot be read (naming the rank).
+        ValueError: on every rank, when the ranks' statistics differ in number, shape or dtype (naming the rank).
     """
 
     def __init__(self, stats: Any | Sequence[Any], comm: MPI.Comm | None = None) -> None:
@@ -141,6 +171,11 @@ class SharedRunningStats:
         Collective: one gather and one broadcast of the statistics, pickled. A rank whose statistics cannot be read,
         differ in number, shape or dtype from rank 0's, or count fewer samples than the shared ones (reset or replaced
         since) raises TypeError or ValueError on every rank, naming it; nothing is changed then.
+
+        Raises:
+            TypeError: on every rank, when a rank's statistics cannot be read.
+            ValueError: on every rank, when a rank's statistics differ in number, shape or dtype from rank 0's, or
+                count fewer samples than the shared ones.
         """
         self._exchange("SharedRunningStats.merge", merging=True)
 

@@ -297,6 +297,28 @@ def _candidate_share(pop_size: int, size: int, rank: int) -> slice:
     return slice(pop_size * rank // size, pop_size * (rank + 1) // size)
 
 
+def _merge_ars_evaluations(model: Any, gathered: list[Any], steps_before: int) -> np.ndarray:
+    """Rank 0: every rank's evaluation of its share, (returns, steps, episodes, statistics) in rank order, folded into
+    ``model``: ``num_timesteps`` counts every rank's steps, ``ep_info_buffer`` holds every rank's episodes and the
+    VecNormalize statistics every rank's additions. Returns every candidate's return, (pop_size,) in candidate
+    order."""
+    model.num_timesteps = steps_before + sum(steps for _, steps, _, _ in gathered)
+    model.ep_info_buffer = [episode for _, _, episodes, _ in gathered for episode in episodes]
+    for i, stat in enumerate(_running_stats(model)):
+        write_moments(stat, merge_moments(model._mpi.shared_stats[i], [g[3][i] for g in gathered]))
+    return np.concatenate([g[0] for g in gathered])
+
+
+def _resync_async_eval(model: Any, async_eval: Any) -> None:
+    """After an ARS update's broadcast: ``async_eval``'s workers (if any) take the merged VecNormalize statistics."""
+    vec_normalize = model._vec_normalize_env
+    if async_eval is not None and vec_normalize is not None:
+        # ARS synced its workers to this rank's statistics before the merge; they start the next update from the
+        # merged ones, which ARS's bookkeeping (old_count) must then count from.
+        async_eval.sync_obs_rms(vec_normalize.obs_rms.copy())
+        model.old_count = vec_normalize.obs_rms.count
+
+
 def _ars_parallel_class(ars_class: type) -> type:
     """A subclass of ``ars_class`` (sb3-contrib's ARS or a subclass) whose updates spread the candidates over ranks.
 
@@ -358,11 +380,7 @@ def _ars_parallel_class(ars_class: type) -> type:
             if gathered is None:  # ranks r > 0: a zero step, replaced by rank 0's weights after it
                 clock.lap("gather")
                 return torch.zeros(pop_size, dtype=returns.dtype, device=self.device)
-            self.num_timesteps = steps_before + sum(steps for _, steps, _, _ in gathered)
-            self.ep_info_buffer = [episode for _, _, episodes, _ in gathered for episode in episodes]
-            for i, stat in enumerate(stats):
-                write_moments(stat, merge_moments(state.shared_stats[i], [g[3][i] for g in gathered]))
-            all_returns = torch.as_tensor(np.concatenate([g[0] for g in gathered]), device=self.device)
+            all_returns = torch.as_tensor(_merge_ars_evaluations(self, gathered, steps_before), device=self.device)
             clock.lap("gather")
             return all_returns
 
@@ -375,12 +393,7 @@ def _ars_parallel_class(ars_class: type) -> type:
             clock.lap("update")
             seconds["update"] -= _evaluation_seconds(seconds) - evaluation_before  # counted by evaluate_candidates
             _broadcast_ars(self)
-            vec_normalize = self._vec_normalize_env
-            if async_eval is not None and vec_normalize is not None:
-                # ARS synced its workers to this rank's statistics before the merge; they start the next update from
-                # the merged ones, which ARS's bookkeeping (old_count) must then count from.
-                async_eval.sync_obs_rms(vec_normalize.obs_rms.copy())
-                self.old_count = vec_normalize.obs_rms.count
+            _resync_async_eval(self, async_eval)
             clock.lap("broadcast")
 
     RankSharesCandidates.__name__ = RankSharesCandidates.__qualname__ = ars_class.__name__
@@ -471,11 +484,17 @@ def _broadcast_from_rank0(model: Any, extra: list[Any] | None = None) -> None:
 
 def rank_device(requested: Any = "auto", cuda_device_count: int | None = None,
                 environ: Mapping[str, str] | None = None) -> str:
-    """The torch device for this rank's SB3 model: "auto" or "cuda" become ``cuda:<gpu_for_rank>``, "cpu" when
-    CUDA is not available; any other device ("cuda:1", "cpu", a torch.device) is returned as given, as a string.
+    """The torch device for this rank's SB3 model, to pass as ``device=`` when building it. Not a collective.
 
-    cuda_device_count: None asks torch (0 when ``torch.cuda.is_available()`` is False). environ: as for
-    ``gpu_for_rank`` (None: this process).
+    Args:
+        requested: the device asked for: "auto" or "cuda" become this rank's GPU (``gpu_for_rank``); any other
+            device ("cuda:1", "cpu", a torch.device) is returned as given.
+        cuda_device_count: the GPUs CUDA sees; None asks torch (0 when ``torch.cuda.is_available()`` is False).
+        environ: as for ``gpu_for_rank`` (None: this process).
+
+    Returns:
+        The device as a string: ``cuda:INDEX`` with INDEX this rank's GPU, "cpu" when CUDA is not available, or
+        ``requested`` as given.
     """
     if str(requested) not in ("auto", "cuda"):
         return str(requested)
@@ -589,9 +608,20 @@ def parallelize(model: Model, comm: MPI.Comm | None = None, env_axes: Mapping[st
     run on rank 0 only and see every rank's steps in ``num_timesteps``. Off-policy models (SAC, TD3, DQN, ...) and
     anything else are refused with a TypeError that says what they are.
 
-    env_axes: arrays of a custom rollout buffer besides those of SB3's and sb3-contrib's, {attribute name: the axis
-    that indexes envs}, for example {"costs": 1} for costs of shape (n_steps, n_envs). A buffer holding an array that
-    is in neither is refused (ValueError on every rank).
+    Args:
+        model: an SB3 or sb3-contrib model built with this rank's VecEnv, not yet parallel.
+        comm: the communicator; None for COMM_WORLD.
+        env_axes: arrays of a custom rollout buffer besides those of SB3's and sb3-contrib's, {attribute name: the
+            axis that indexes envs}, for example {"costs": 1} for costs of shape (n_steps, n_envs).
+
+    Returns:
+        ``model`` itself, its class now the parallel subclass of its own.
+
+    Raises:
+        TypeError: ``model`` is off-policy or otherwise neither on-policy nor ARS (saying what it is).
+        ValueError: the model is already parallel, has no env, is ARS with ``env_axes``, or has a rollout buffer
+            holding an array that is neither SB3's, sb3-contrib's nor in ``env_axes`` (on every rank).
+        RuntimeError: on the other ranks, naming the rank and its error, when preparing the model failed on one.
     """
     comm = COMM_WORLD if comm is None else comm
     # What can fail here can fail on one rank alone (a model built differently, an env missing): each rank prepares,

@@ -15,7 +15,17 @@ def rank_seed(seed: int, rank: int) -> int:
 
     It is ``numpy.random.SeedSequence(seed, spawn_key=(rank,))`` (the same as
     ``SeedSequence(seed).spawn(n)[rank]`` for any n > rank), so streams are statistically independent across
-    ranks and a rank keeps its seed when the number of ranks changes.
+    ranks and a rank keeps its seed when the number of ranks changes. Not a collective.
+
+    Args:
+        seed: the run's base seed, an integer >= 0.
+        rank: the rank whose seed to derive.
+
+    Returns:
+        An integer in [0, 2**32).
+
+    Raises:
+        ValueError: ``seed`` is negative.
     """
     if seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed}")
@@ -25,9 +35,18 @@ def rank_seed(seed: int, rank: int) -> int:
 def set_global_seeds(seed: int, rank: int | None = None) -> int:
     """Seed Python's ``random``, numpy's global RNG, and TensorFlow and torch when they are imported.
 
-    seed: the run's base seed, the same on every rank; rank: this rank by default. Each rank gets
-    ``rank_seed(seed, rank)``, which is returned. Import TensorFlow (or torch) before calling this to have it
-    seeded; mpi_util never imports them itself.
+    Each rank gets ``rank_seed(seed, rank)``. Import TensorFlow (or torch) before calling this to have it seeded;
+    mpi_util never imports them itself. Not a collective.
+
+    Args:
+        seed: the run's base seed, the same on every rank.
+        rank: the rank whose seed to use; None for this rank.
+
+    Returns:
+        The seed used, ``rank_seed(seed, rank)``.
+
+    Raises:
+        ValueError: ``seed`` is negative.
     """
     per_rank = rank_seed(seed, COMM_WORLD.Get_rank() if rank is None else rank)
     random.seed(per_rank)

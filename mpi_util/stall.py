@@ -95,7 +95,12 @@ class CollectiveOrderError(RuntimeError):
 
 class CollectiveStallError(RuntimeError):
     """A rank waited for the others to reach a collective while one of them showed no progress for the limit (or
-    past a deadline, such as a stop request's grace)."""
+    past a deadline, such as a stop request's grace).
+
+    Args:
+        message: what the error says: the collective, the ranks that have not arrived and where they last were.
+        late_ranks: the ranks to blame; None for none.
+    """
 
     def __init__(self, message: str, late_ranks: list[int] | None = None) -> None:
         super().__init__(message)
@@ -108,8 +113,18 @@ class RankEndedError(CollectiveStallError):
 
 
 def parse_stall_timeout(text: str, name: str = _STALL_VARIABLE) -> float | str | None:
-    """The stall limit that ``text`` names: "auto", a number of seconds > 0, or None for "0" (never). ``name`` says
-    where the text came from, for the ValueError that anything else raises."""
+    """The stall limit that ``text`` names, in the words of train.py's --stall_timeout. Not a collective.
+
+    Args:
+        text: "auto", a number of seconds, or "0" for never.
+        name: where the text came from, for the error's message.
+
+    Returns:
+        "auto", a number of seconds > 0, or None for "0" (never).
+
+    Raises:
+        ValueError: anything else, naming ``name``.
+    """
     text = text.strip()
     if text == "auto":
         return "auto"
@@ -475,17 +490,24 @@ def set_stall_timeout(seconds: float | str | None, startup_s: float | None = Non
     """Raise CollectiveStallError from any mpi_util collective in which a rank that has not arrived shows no
     progress (no ``heartbeat()``, no collective entered) for too long.
 
-    seconds: a fixed limit in seconds; "auto" (the default, see the module's docstring: a rank that calls
-    ``heartbeat()`` may go 60 s without one, a rank that has not yet may take ``startup_s`` in the first two calls of
-    each collective, and after warm-up 10x the longest silence seen, at least 60 s); None or 0, wait forever. The
-    MPI_UTIL_STALL_TIMEOUT environment variable sets the value in force before this call, in the same words as
-    train.py's --stall_timeout ("auto", seconds, 0 for never). startup_s: the start-up allowance, under either limit
-    (default 120 s, or MPI_UTIL_STALL_STARTUP); None keeps the current one.
+    The MPI_UTIL_STALL_TIMEOUT environment variable sets the value in force before this call, in the same words as
+    train.py's --stall_timeout ("auto", seconds, 0 for never).
 
     The error names the ranks that have not arrived (with the collective each last entered, for ranks on this host;
     and their host, when the ranks span hosts). Collective over COMM_WORLD: every rank calls it, at the same point
     (each rank applies its own value); without it the board the error reads is set up after the first collective
     over COMM_WORLD. Under ``mpi_fork`` an uncaught CollectiveStallError aborts the whole job.
+
+    Args:
+        seconds: a fixed limit in seconds; "auto" (the default, see the module's docstring: a rank that calls
+            ``heartbeat()`` may go 60 s without one, a rank that has not yet may take ``startup_s`` in the first two
+            calls of each collective, and after warm-up 10x the longest silence seen, at least 60 s); None or 0,
+            wait forever.
+        startup_s: the start-up allowance, under either limit (default 120 s, or MPI_UTIL_STALL_STARTUP); None
+            keeps the current one.
+
+    Raises:
+        ValueError: ``seconds`` is not "auto", a number >= 0 or None, or ``startup_s`` is not a number > 0.
     """
     if not (seconds is None or seconds == "auto" or (isinstance(seconds, (int, float)) and seconds >= 0
                                                       and math.isfinite(seconds))):
@@ -501,8 +523,12 @@ def set_stall_timeout(seconds: float | str | None, startup_s: float | None = Non
 
 def stall_deadline(seconds: float, reason: str) -> None:
     """Make every wait in an mpi_util collective give up (CollectiveStallError) at most ``seconds`` from now, whatever
-    the stall timeout; ``reason`` goes into the error ("a stop was requested"). Not collective: safe in a signal
-    handler. An earlier deadline already set is kept."""
+    the stall timeout. Not collective: safe in a signal handler. An earlier deadline already set is kept.
+
+    Args:
+        seconds: how long from now a wait may still go on.
+        reason: what the error says the deadline is for ("a stop was requested").
+    """
     at = time.monotonic() + seconds
     if watch.deadline is None or at < watch.deadline[0]:
         watch.deadline = (at, reason)

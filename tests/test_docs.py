@@ -1,14 +1,20 @@
-"""The user docs: the mkdocs site builds without a warning, and every Python snippet in them is code a test runs."""
+"""The user docs: the mkdocs site builds without a warning, renders what the Markdown and the docstrings say (code
+blocks, nested lists, text in angle brackets), and every Python snippet in them is code a test runs."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import re
+import statistics
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 from conftest import REPO, run_bounded
+
+import mpi_util
 
 DOCS = sorted((REPO / "docs").glob("*.md"))
 EXAMPLES = REPO / "examples"
@@ -35,18 +41,269 @@ def excerpt_of(snippet: str, source: str) -> bool:
     return all(any(line == want for line in lines) for want in wanted)
 
 
-def test_mkdocs_builds_the_guides_and_api_reference_without_warnings(tmp_path):
+# A fenced code block's opening or closing line, and a list item's first line (bullet or number), in Markdown.
+FENCE = re.compile(r"^( *)```")
+LIST_ITEM = re.compile(r"^( *)(?:[-*+]|\d+[.)]) +\S")
+# Text that HTML would take for a tag: "<" then a letter, up to the next ">" on the same line.
+TAG_LIKE = re.compile(r"<[A-Za-z][^<>\n]*>")
+# Tags that have no end tag.
+VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
+
+def markdown_structure(text: str) -> tuple[list[str], int]:
+    """The fenced code blocks of Markdown ``text`` (each body without the fence's own indentation, in order) and
+    the number of list items that are nested inside another list item, as the source's indentation says."""
+    blocks: list[str] = []
+    nested = 0
+    body: list[str] | None = None
+    fence_indent = 0
+    open_items: list[int] = []  # the indentation of each list item above this line that is still open
+    for line in text.splitlines():
+        fence = FENCE.match(line)
+        if body is not None:  # inside a fenced block
+            if fence:
+                blocks.append("\n".join(body))
+                body = None
+            else:
+                body.append(line[fence_indent:])
+            continue
+        if fence:
+            body, fence_indent = [], len(fence.group(1))
+            continue
+        item = LIST_ITEM.match(line)
+        if item:
+            indent = len(item.group(1))
+            while open_items and open_items[-1] >= indent:
+                open_items.pop()
+            nested += bool(open_items)
+            open_items.append(indent)
+        elif line.strip() and not line.startswith(" "):  # a paragraph, heading or table at the margin ends lists
+            open_items.clear()
+    return blocks, nested
+
+
+class BuiltPage(HTMLParser):
+    """The main content of a page mkdocs built (its role="main" element, without the navigation): its text, the text
+    of each <pre> block, and the number of <li> elements inside another <li>."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.open_tags: list[str] = []
+        self.main_depth: int | None = None  # len(open_tags) once the main element is open
+        self.main_done = False
+        self.text: list[str] = []
+        self.pre_blocks: list[str] = []
+        self.nested_items = 0
+        self.feed(html)
+        self.close()
+
+    def _in_main(self) -> bool:
+        return self.main_depth is not None and not self.main_done
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in VOID_TAGS:
+            return
+        self.open_tags.append(tag)
+        if self.main_depth is None and ("role", "main") in attrs:
+            self.main_depth = len(self.open_tags)
+        if not self._in_main():
+            return
+        inside_main = self.open_tags[self.main_depth:-1]
+        if tag == "li" and "li" in inside_main:
+            self.nested_items += 1
+        if tag == "pre":
+            self.pre_blocks.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in VOID_TAGS or tag not in self.open_tags:
+            return
+        while self.open_tags.pop() != tag:  # close what the page left open inside it
+            pass
+        if self.main_depth is not None and len(self.open_tags) < self.main_depth:
+            self.main_done = True
+
+    def handle_data(self, data: str) -> None:
+        if self._in_main():
+            self.text.append(data)
+            if "pre" in self.open_tags[self.main_depth:]:
+                self.pre_blocks[-1] += data
+
+
+def lines_of(code: str) -> str:
+    """A code block's text compared line by line: trailing spaces and blank lines at either end left out."""
+    return "\n".join(line.rstrip() for line in code.strip("\n").splitlines())
+
+
+def rendered_docstrings() -> list[str]:
+    """The docstrings the API reference renders: each object docs/api.md names with a ``:::`` directive and its
+    public members (mkdocs.yml's filter leaves out names that start with "_")."""
+    import griffe
+
+    package = griffe.load("mpi_util", search_paths=[str(REPO)])
+    paths = re.findall(r"^::: ([\w.]+)$", (REPO / "docs" / "api.md").read_text(), flags=re.M)
+    docstrings = []
+    for path in paths:
+        obj = package if path == "mpi_util" else package[path.removeprefix("mpi_util.")]
+        for member in [obj, *(m for name, m in obj.members.items() if not name.startswith("_"))]:
+            if member.docstring is not None:
+                docstrings.append(member.docstring.value)
+    return docstrings
+
+
+def tags_lost(docstrings: list[str], page_text: str) -> list[str]:
+    """The ``<...>`` texts of ``docstrings`` that do not appear in ``page_text``: HTML took them for tags."""
+    found = {text for docstring in docstrings for text in TAG_LIKE.findall(docstring)}
+    return sorted(text for text in found if text not in page_text)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site as ``mkdocs build --strict`` makes it, built once for the tests of this file."""
     if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings_handlers") is None:
         pytest.skip("mkdocs and mkdocstrings-python not installed (pip install -e '.[docs]')")
-    result = run_bounded([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+    site_dir = tmp_path_factory.mktemp("site")
+    result = run_bounded([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
                          timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
-    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    return site_dir
+
+
+def built_page(site: Path, doc: Path) -> BuiltPage:
+    """The built HTML of docs/``doc``."""
+    html_path = site / "index.html" if doc.stem == "index" else site / doc.stem / "index.html"
+    return BuiltPage(html_path.read_text())
+
+
+@pytest.mark.timeout(240)
+def test_mkdocs_builds_the_guides_and_api_reference_without_warnings(site):
+    api = (site / "api" / "index.html").read_text()
     # The reference is made from the docstrings: the recipe's functions and the SB3 adapter are in it.
-    for name in ("rank0_accum_batches", "rank0_bcast_wts", "mpi_fork", "SharedRunningStats", "parallelize"):
+    for name in ("rank0_accum_batches", "rank0_bcast_wts", "mpi_fork", "SharedRunningStats", "parallelize", "rank",
+                 "nworkers"):
         assert f'id="mpi_util.{name}"' in api or f'id="mpi_util.sb3.{name}"' in api, name
-    built = {path.parent.name for path in (tmp_path / "site").glob("*/index.html")}
+    built = {path.parent.name for path in site.glob("*/index.html")}
     assert {path.stem for path in DOCS} - {"index"} <= built
+
+
+def test_api_reference_lists_every_export_in_the_order_a_user_meets_them():
+    directives = re.findall(r"^::: ([\w.]+)$", (REPO / "docs" / "api.md").read_text(), flags=re.M)
+    assert sorted(f"mpi_util.{name}" for name in mpi_util.__all__) == sorted(
+        path for path in directives if not path.startswith("mpi_util.sb3."))
+    order = ["mpi_fork", "set_global_seeds", "rank0_accum_batches", "rank0_bcast_wts", "all_sum",
+             "SharedRunningStats", "setup_gpu", "set_stall_timeout", "sb3.parallelize"]
+    positions = [directives.index(f"mpi_util.{name}") for name in order]
+    assert positions == sorted(positions), order
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("doc", DOCS, ids=lambda doc: doc.name)
+def test_code_blocks_and_nested_lists_of_each_page_survive_the_build(site, doc):
+    # Python-Markdown nests a list, or keeps a code block inside a list item, only when it is indented by 4 spaces;
+    # at 2 it flattens the list, and a fence inside a list item becomes a paragraph of text.
+    blocks, nested = markdown_structure(doc.read_text())
+    page = built_page(site, doc)
+    rendered = {lines_of(pre) for pre in page.pre_blocks}
+    for block in blocks:
+        assert lines_of(block) in rendered, f"a code block of {doc.name} is not a <pre> block on the site:\n{block}"
+    assert page.nested_items == nested, (
+        f"{doc.name}: {nested} list items are nested in the Markdown, {page.nested_items} on the site; indent nested "
+        "lists by 4 spaces")
+
+
+@pytest.mark.timeout(240)
+def test_no_angle_bracket_text_of_a_docstring_is_lost_in_the_api_reference(site):
+    docstrings = rendered_docstrings()
+    assert len(docstrings) > 40  # the reference's objects were found
+    page = built_page(site, REPO / "docs" / "api.md")
+    assert tags_lost(docstrings, "".join(page.text)) == []
+
+
+def test_the_page_checks_fail_on_a_flattened_list_a_lost_fence_and_an_eaten_tag():
+    # Python-Markdown itself, as mkdocs runs it: the checks above must see what it does to these.
+    markdown = pytest.importorskip("markdown")
+    source = "- a\n  - b, indented 2\n- c\n\n  ```bash\n  echo in a list item\n  ```\n"
+    blocks, nested = markdown_structure(source)
+    assert (blocks, nested) == (["echo in a list item"], 1)
+    page = BuiltPage('<div role="main">' + markdown.markdown(source, extensions=["fenced_code"]) + "</div>")
+    assert page.nested_items == 0 and page.pre_blocks == []
+    fixed = BuiltPage('<div role="main">' + markdown.markdown(source.replace("  - b", "    - b"), extensions=[
+        "fenced_code"]) + "</div>")
+    assert fixed.nested_items == 1
+    eaten = BuiltPage('<div role="main">' + markdown.markdown("relaunch: mpi_util: <cause>; ``<kept>``") + "</div>")
+    assert tags_lost(["<cause>", "<kept>"], "".join(eaten.text)) == ["<cause>"]
+
+
+RESULTS = REPO / "benchmarks" / "results"
+CITED = re.compile(r"benchmarks/results/[\w./-]*[\w/]")
+# Figures the guides quote from a results file they cite: (page, the figure as the page words it, the file under
+# benchmarks/results/, the lines of that file it comes from). Whitespace is compared as one space.
+FIGURES = [
+    ("clusters.md", "that part was 34% of an iteration at 2 processes", "scaling_2026-11-25/results.md",
+     ["serial share at 2 processes: 34% of the iteration"]),
+    ("clusters.md", "predicts 25,027 / 29,866 / 34,932 steps/s on 8 / 16 / 64 cores, against a ceiling of 37,025",
+     "scaling_2026-11-25/results.md",
+     ["Amdahl from 2 process(es): 8 cores 25,027, 16 cores 29,866, 64 cores 34,932 steps/s; ceiling 37,025"]),
+    ("clusters.md", "rank 0's resident memory peaked at 686 MB, a worker's at 93 MB (the median of the 7) and the "
+     "whole job's at 1,337 MB", "startup/results.md", ["| after | 8 | 7.9 | 686 | 93 | 1,337 |"]),
+    ("clusters.md", "| one host | 5,699 | 14 ms | 6.5 ms |", "multihost/results.md",
+     ["| one host | 5,699 | 0.0140 | 0.0065 |"]),
+    ("clusters.md", "| 2 + 2 hosts (namespaces) | 3,792 | 46 ms | 7.1 ms |", "multihost/results.md",
+     ["| 2 + 2 hosts | 3,792 | 0.0459 | 0.0071 |"]),
+    ("clusters.md", "all passing on 2026-11-24", "slurm/run.txt",
+     ["== summary (2026-11-24", "PASS: all 5 Slurm checks that ran (skipped: 0)"]),
+    ("clusters.md", "stopped after iteration 15 of 160, requeued, resumed there; 135 s in all", "slurm/requeue.txt",
+     ["(135 s) job 55587742 ran 2 times, stopped after iterations [15] and resumed there, COMPLETED 0:0, 160 rows"]),
+    ("sb3.md", "| plain script, 1 env | 557 | 1.00x | 880 |", "sb3_mpi/results.md",
+     ["| plain SB3, 1 env | 557 | 1.00x | 879.5 |"]),
+    ("sb3.md", "| SB3 `SubprocVecEnv`, 2 / 8 envs | 466 / 818 | 0.84x / 1.47x | 730 / 1,075 |", "sb3_mpi/results.md",
+     ["| SB3 SubprocVecEnv, 2 envs | 466 | 0.84x | 729.9 |", "| SB3 SubprocVecEnv, 8 envs | 818 | 1.47x | 1075.3 |"]),
+    ("sb3.md", "| `mpi_util.sb3`, 2 / 8 processes | 794 / 780 | 1.43x / 1.40x | 726 / 558 |", "sb3_mpi/results.md",
+     ["| mpi_util.sb3, 2 processes | 794 | 1.43x | 725.9 |", "| mpi_util.sb3, 8 processes | 780 | 1.40x | 557.6 |"]),
+    ("sb3.md", "plain ARS ran 14,477 steps/s, `parallelize` at 1 process 14,207 (0.99x, the same returns), and at 2 "
+     "processes 25,189 (1.72x)", "ars_mpi/results.md",
+     ["| plain ARS, 1 process | 14,477 | 1.00x |", "| mpi_util.sb3 ARS, 1 process | 14,207 | 0.99x |",
+      "| mpi_util.sb3 ARS, 2 processes | 25,189 | 1.72x |"]),
+]
+# Cited for something other than a figure: a picture.
+CITED_WITHOUT_FIGURES = {"benchmarks/results/walker2d_play/walker2d_ppo_s5.png"}
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def eval_mean_and_std(runs_csv: Path, env: str, algo: str, nprocs: int, seeds: range) -> str:
+    """The mean ± standard deviation (n - 1) over ``seeds`` of the final policy's eval return, as the docs write
+    it: "4,172 ± 593"."""
+    with open(runs_csv) as f:
+        returns = [float(row["eval_return_mean"]) for row in csv.DictReader(f) if row["env"] == env
+                   and row["algo"] == algo and int(row["nprocs"]) == nprocs and int(row["seed"]) in seeds]
+    assert len(returns) == len(seeds), runs_csv
+    return f"{statistics.mean(returns):,.0f} ± {statistics.stdev(returns):,.0f}"
+
+
+def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
+    for page, figure, results_file, source_lines in FIGURES:
+        assert one_line(figure) in one_line((REPO / "docs" / page).read_text()), (page, figure)
+        assert f"benchmarks/results/{results_file}" in one_line((REPO / "docs" / page).read_text()), page
+        results = one_line((RESULTS / results_file).read_text())
+        for line in source_lines:
+            assert one_line(line) in results, (page, figure, results_file, line)
+    # docs/training.md's --envs_per_rank figures, computed from the runs they cite (seeds 0-4, 2 processes).
+    envs4 = eval_mean_and_std(RESULTS / "learning_probes/ppo_envs4/runs.csv", "Walker2d-v5", "ppo", 2, range(5))
+    envs1 = eval_mean_and_std(RESULTS / "learning/runs.csv", "Walker2d-v5", "ppo", 2, range(5))
+    training = one_line((REPO / "docs" / "training.md").read_text())
+    assert f"eval {envs4} against {envs1} with 1" in training, (envs4, envs1)
+
+
+def test_every_results_file_the_readme_and_guides_cite_exists_and_each_guide_citation_is_checked():
+    checked = {f"benchmarks/results/{results_file}" for _, _, results_file, _ in FIGURES}
+    checked |= {"benchmarks/results/learning_probes/ppo_envs4/runs.csv", "benchmarks/results/learning/runs.csv"}
+    for page in [REPO / "README.md", *DOCS]:
+        for cited in CITED.findall(page.read_text()):
+            assert (REPO / cited).exists(), f"{page.name} cites {cited}, which is not there"
+            if page.parent.name == "docs":
+                assert cited in checked | CITED_WITHOUT_FIGURES, f"{page.name} cites {cited}: check its figures here"
 
 
 def test_every_python_snippet_in_the_docs_is_an_excerpt_of_an_example_a_test_runs():
@@ -69,3 +326,17 @@ def test_excerpt_check_fails_on_a_line_the_example_does_not_have():
     assert not excerpt_of(snippet.replace("rank0_accum_batches", "rank0_gather"), recipe)
     lines = snippet.splitlines()
     assert not excerpt_of("\n".join([lines[-1], lines[0]]), recipe)  # out of order
+
+
+def test_examples_that_use_mpi_util_import_mpi_util_sb3_before_stable_baselines3():
+    # docs/sb3.md asks for this order: mpi_util.sb3 keeps tensorboard from loading TensorFlow into the process.
+    checked = []
+    for example in sorted(EXAMPLES.glob("*.py")):
+        lines = example.read_text().splitlines()
+        sb3 = [i for i, line in enumerate(lines) if re.match(r"(from|import) (stable_baselines3|sb3_contrib)\b", line)]
+        if not sb3 or not any(re.match(r"(from|import) mpi_util\b", line) for line in lines):
+            continue  # a plain script, the twin without mpi_util
+        ours = [i for i, line in enumerate(lines) if re.match(r"(from mpi_util\.sb3|import mpi_util\.sb3)\b", line)]
+        assert ours and ours[0] < sb3[0], f"{example.name} imports stable_baselines3 before mpi_util.sb3"
+        checked.append(example.name)
+    assert {"sb3_evaluate.py", "sb3_ppo_mpi.py", "sb3_subproc_mpi.py"} <= set(checked)
