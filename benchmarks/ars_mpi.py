@@ -1,32 +1,9 @@
-"""sb3-contrib's ARS on N MPI processes (mpi_util.sb3.parallelize) against plain ARS, side by side, and its scaling.
+"""sb3-contrib's ARS on N MPI processes (mpi_util.sb3.parallelize) against plain ARS, side by side, and its scaling
+projected from the 1-process runs (benchmarks/README.md, section ars_mpi.py).
 
-Every configuration trains the same ARS (sb3-contrib 2.9.2: a linear policy starting from zero, n_delta directions
-per update, the best n_top of them in the step, lr 0.02, delta_std 0.05, one episode per candidate; torch on 1 thread
-per process) for the same total number of environment steps:
-
-- ``plain``: one process, one env: a user's script as it is;
-- ``mpi N``: the same script on N MPI processes through ``mpi_util.sb3.parallelize``, one env per rank: each update's
-  2 * n_delta candidates are split over the ranks (contiguous runs of candidate indices), rank 0 gathers the returns
-  and takes ARS's step, and its weights go to every rank. At N = 1 it is plain ARS, bit for bit (tested), through the
-  same code (so the run also shows what the code costs by itself).
-
-Each run is a fresh subprocess, bounded in time, run one after the other (never at the same time: they would share the
-cores), in an order that reverses from seed to seed. Reported per run: environment steps per second of ``learn()``
-(total steps over all ranks / learn's wall time), and the final return: the mean return of the final policy over 10
-episodes of a separate env (seed + 1000). For ``mpi`` runs, rank 0's seconds per update in each part of it
-(``model._mpi.seconds``: the candidates' broadcast, its own evaluation, the gather of the returns, which includes
-waiting for the slowest rank, ARS's step, the broadcast of the weights); at N > 1 also the three collectives of an
-update timed alone, 200 rounds with the update's payloads after learn, the ranks arriving together.
-
-Projection to N ranks, from the 1-rank ``mpi`` runs: each update's candidates' episode lengths (rank 0 holds every
-candidate's episode at the end of the evaluation), split as ``parallelize`` splits them; an update at N ranks takes the
-longest share's steps at the 1-rank evaluation rate, plus ARS's step and the collectives (measured at 2 ranks,
-assumed to grow in proportion to N beyond: rank 0 reads every rank's pickle). Steps/s(N) = total steps / the sum.
-
-    .venv/bin/python benchmarks/ars_mpi.py                        # InvertedPendulum-v5, 100k steps, seeds 0 1 2
-    .venv/bin/python benchmarks/ars_mpi.py --env Pendulum-v1 --total_steps 200000 --n_delta 16 --n_top 8
-
-Writes runs.csv and results.md to benchmarks/results/ars_mpi/ (``--out``); prints the tables.
+Projection to N ranks: each update's candidates' episode lengths split as ``parallelize`` splits them; an update takes
+the longest share's steps at the 1-rank evaluation rate, plus ARS's step and the collectives (measured at 2 ranks,
+assumed to grow in proportion to N). Writes runs.csv and results.md to ``--out``.
 """
 
 from __future__ import annotations
@@ -40,9 +17,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from scaling import fmt, machine_lines, median, pretty_command, run_for_result, table, write_csv
+from harness import RESULTS, fmt, median, run_for_result, table, write_results
 
-REPO = Path(__file__).resolve().parent.parent
 # mpi_util.sb3._ARS_PHASES, the keys of model._mpi.seconds (this driver does not import mpi_util: it launches MPI jobs)
 PHASES = ("candidates", "evaluate", "gather", "update", "broadcast")
 PROJECT_RANKS = (1, 2, 4, 8, 16)
@@ -145,7 +121,7 @@ def main() -> int:
                         help="process counts of the mpi runs (default: %(default)s)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one round each (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds one run may take (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "ars_mpi",
+    parser.add_argument("--out", type=Path, default=RESULTS / "ars_mpi",
                         help="results directory (default: %(default)s)")
     parser.add_argument("--run", nargs=3, metavar=("KIND", "N", "SEED"), help=argparse.SUPPRESS)  # one run, internal
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -180,8 +156,6 @@ def main() -> int:
     plain_rate = {r["seed"]: r["steps_per_s"] for r in runs if r["kind"] == "plain"}
     for r in runs:
         r["vs_plain"] = r["steps_per_s"] / plain_rate[r["seed"]]
-    write_csv(args.out / "runs.csv", [{k: v for k, v in r.items() if k not in ("candidate_steps", "seconds")}
-                                      | {f"s_{p}": (r["seconds"] or {}).get(p) for p in PHASES} for r in runs])
 
     def of(kind: str, n: int) -> list[dict[str, Any]]:
         return [r for r in runs if (r["kind"], r["n"]) == (kind, n)]
@@ -209,45 +183,35 @@ def main() -> int:
                   f"{median([p['steps_per_s'] for p in projections[ranks]]) / base:.1f}x"] for ranks in PROJECT_RANKS]
     measured_two = median([r["steps_per_s"] for r in of("mpi", 2)])
     pop = 2 * args.n_delta
-    lines = [
-        f"# sb3-contrib ARS on {args.env}: plain and mpi_util.sb3 at {', '.join(map(str, args.nprocs))} processes",
-        "",
-        *machine_lines(pretty_command(), wall_s, ", ".join(f"{r['system']} seed {r['seed']}: {r['load_before']:.2f}"
-                                                           for r in runs)),
-        f"- budget: {args.total_steps} steps per run (over all ranks; rounded up to whole updates), linear policy, "
-        f"n_delta {args.n_delta} ({pop} candidates per update), n_top {args.n_top}, seeds "
-        f"{' '.join(map(str, args.seeds))}; sb3_contrib {version('sb3_contrib')}, stable_baselines3 "
-        f"{version('stable_baselines3')}, torch {version('torch')}, 1 torch thread per process",
-        "",
+    about = [f"- budget: {args.total_steps} steps per run (over all ranks; rounded up to whole updates), linear "
+             f"policy, n_delta {args.n_delta} ({pop} candidates per update), n_top {args.n_top}, seeds "
+             f"{' '.join(map(str, args.seeds))}; sb3_contrib {version('sb3_contrib')}, stable_baselines3 "
+             f"{version('stable_baselines3')}, torch {version('torch')}, 1 torch thread per process"]
+    body = "\n\n".join([
         "Median over seeds (vs plain = steps/s over plain ARS's with the same seed); final return = the final "
         "policy's mean over 10 episodes, per seed and median:",
-        "",
         table(["system", "steps/s", "vs plain", "final return per seed", "median"], summary),
-        "",
         "Every run:",
-        "",
         table(["seed", "system", "steps", "updates", "steps/s", "vs plain", "final return", "learn s",
                "process wall s", "weights equal on all ranks", "load before"], rows),
-        "",
         "Rank 0's milliseconds per update in each part (median over seeds); at 2 processes, 'gather' includes waiting "
         f"for the other rank to finish its share. Last column: the update's three collectives alone ({pop} x "
         "n_params float32 candidates out, each rank's returns and episodes in, the weights out), ranks arriving "
         "together:",
-        "",
         table(["processes", *(f"{p} ms" for p in PHASES), "collectives alone ms"], split),
-        "",
         f"Projection from the 1-process runs (see the script's docstring): evaluate s = the longest share of each "
         f"update at one rank's evaluation rate, fixed s = ARS's step, the 1-process overhead and the collectives "
         f"({collective_s * 1e3:.2f} ms per update at 2 ranks, x N/2); balance = mean share / longest share. Measured "
         f"at 2 processes on this machine: {fmt(measured_two)} steps/s.",
-        "",
-        table(["ranks", "evaluate s", "fixed s", "balance", "steps/s", "speedup"], projected),
-        "",
-    ]
-    (args.out / "results.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+        table(["ranks", "evaluate s", "fixed s", "balance", "steps/s", "speedup"], projected)])
+    csv_rows = [{k: v for k, v in r.items() if k not in ("candidate_steps", "seconds")}
+                | {f"s_{p}": (r["seconds"] or {}).get(p) for p in PHASES} for r in runs]
+    loads = ", ".join(f"{r['system']} seed {r['seed']}: {r['load_before']:.2f}" for r in runs)
+    write_results(args.out, csv_rows, body, wall_s, loads, about,
+                  f"sb3-contrib ARS on {args.env}: plain and mpi_util.sb3 at {', '.join(map(str, args.nprocs))} "
+                  "processes")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,64 +1,30 @@
-"""Benchmark mpi_util's collectives against plain mpi4py ones at 2, 4 and 8 ranks.
-
-What it measures, each as the median over several repetitions (every timed call starts right after all ranks
-are synchronized; times are wall-clock ``time.perf_counter`` per rank):
-
-1. Gather of an RL batch (obs float32 (n, 17), act float32 (n, 6), adv float32 (n,), ret float32 (n,); the
-   global n of 1k, 10k, 100k and 1M rows split evenly across ranks) to rank 0:
-   ``mpi_util.rank0_accum_batches`` (a digest exchange waited on without spinning, then buffer-based
-   Gatherv per key) vs a pickle-based
-   ``comm.gather`` of the same dict followed by ``np.concatenate`` per key on rank 0. A third column, plain
-   ``comm.Gatherv`` per key with the sizes known in advance, is the floor: it has no checks and no meeting.
-   The time reported is rank 0's, from just before the call until rank 0 holds the concatenated batch.
-2. Broadcast of a list of float32 numpy arrays: a Walker2d policy + value net (two 17-64-64 tanh MLPs, 6 and
-   1 outputs, plus log_std: 13 arrays, 11,085 parameters) and a bigger one (two 17-700-700 MLPs: 13 arrays,
-   1,011,513 parameters). ``mpi_util.rank0_bcast_wts`` (after a shape check: small arrays packed in one Bcast per dtype,
-   large ones in place) vs one
-   ``comm.Bcast`` per array vs pickle-based ``comm.bcast`` of the list. Reported: the slowest rank's time
-   (the weights are complete everywhere) and rank 0's.
-3. CPU burned while waiting: rank 0 works (``time.sleep``) for 2 s before a gather of a 10k-row batch; every
-   other rank measures ``time.process_time()`` across its call. mpi_util's non-spinning wait vs a plain
-   blocking ``comm.Gatherv`` and ``comm.gather`` (MPICH busy-polls in those). Target: under 0.2 s per waiting
-   rank. With more ranks than cores, spinning ranks share the cores, so the per-rank figure of a spinning
-   method is bounded by cores x seconds / ranks; the sum over waiting ranks shows the cores taken from others.
-
-Run from the repository root (takes about 1-2 minutes on 2 cores)::
-
-    .venv/bin/python benchmarks/collectives.py
-
-It launches itself as ``mpiexec -n N python benchmarks/collectives.py --worker ...`` for N in --ranks, then
-writes gather.csv, bcast.csv, waiting_cpu.csv, results.md (tables with command, machine, MPI library and date)
-and gather_time_vs_rows.png to benchmarks/results/collectives/ (--out), and prints the tables.
-``--quick`` is a smoke test (few repetitions, rows up to 100k, 0.5 s of work); its numbers mean little.
+"""mpi_util's collectives against plain mpi4py ones at 2, 4 and 8 ranks (benchmarks/README.md, section
+collectives.py): gathering an RL batch to rank 0, broadcasting policy + value weights, and the CPU a rank burns while
+it waits for rank 0. Every timed call starts right after all ranks are synchronized; medians over repetitions. The
+script launches itself under mpiexec once per rank count (``--worker-json``), then writes gather.csv, bcast.csv,
+waiting_cpu.csv and results.md to ``--out``. ``--quick`` is a smoke test.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
 import json
 import os
-import platform
-import shlex
-import signal
-import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scaling import versions_line
+from harness import RESULTS, failure, machine_lines, median, run_logged, table, write_csv
 
 import mpi_util
 from mpi_util.collective import meet
 from mpi_util.process import COMM_WORLD
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "collectives"
+DEFAULT_OUT = RESULTS / "collectives"
 
 # The RL batch: key -> trailing shape; all float32.
 BATCH_LAYOUT: dict[str, tuple[int, ...]] = {"obs": (17,), "act": (6,), "adv": (), "ret": ()}
@@ -334,81 +300,24 @@ def worker_main(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def launch(nprocs: int, args: argparse.Namespace, json_path: Path) -> dict[str, Any]:
+def launch(nprocs: int, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     """Run the worker mode of this script as nprocs ranks; return rank 0's results."""
+    json_path, log_path = scratch / f"{nprocs}ranks.json", scratch / f"{nprocs}ranks.log"
     command = [
         mpi_util.find_mpiexec(), "-n", str(nprocs), sys.executable, "-u", str(Path(__file__).resolve()),
         "--worker-json", str(json_path), "--reps-scale", str(args.reps_scale), "--work-s", str(args.work_s),
         "--rows", *map(str, args.rows),
     ]
-    env = dict(
-        os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-        MPI_UTIL_STALL_TIMEOUT=str(WORKER_TIMEOUT_S),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    )
-    proc = subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True)
-    try:
-        returncode = proc.wait(timeout=WORKER_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise RuntimeError(f"{nprocs} ranks: no result after {WORKER_TIMEOUT_S} s: {shlex.join(command)}") from None
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "MPI_UTIL_STALL_TIMEOUT": str(WORKER_TIMEOUT_S)}
+    returncode, _ = run_logged(command, log_path, WORKER_TIMEOUT_S, env)
     if returncode != 0:
-        raise RuntimeError(f"{nprocs} ranks: exit status {returncode}: {shlex.join(command)}")
+        raise failure(f"{nprocs} ranks", returncode, log_path)
     return json.loads(json_path.read_text())
-
-
-def _command_output(command: list[str]) -> str:
-    try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def describe_machine() -> dict[str, str]:
-    """nproc, CPU model, memory and OS, read the way `nproc`, `lscpu` and /proc/meminfo report them."""
-    model = next(
-        (line.split(":", 1)[1].strip() for line in _command_output(["lscpu"]).splitlines()
-         if line.startswith("Model name")),
-        platform.processor() or "unknown",
-    )
-    memory = "unknown"
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                memory = f"{int(line.split()[1]) / 2**20:.1f} GiB"
-    except OSError:
-        pass
-    return {
-        "nproc": _command_output(["nproc"]) or str(os.cpu_count()),
-        "cpu_model": model,
-        "memory": memory,
-        "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "date_utc": _command_output(["date", "-u"])
-        or datetime.datetime.now(datetime.timezone.utc).strftime("%a %b %d %H:%M:%S UTC %Y"),
-    }
 
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}" if seconds < 0.01 else f"{seconds * 1e3:.1f}"
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def median(values: Sequence[float]) -> float:
-    return float(statistics.median(values))
-
-
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def summarize(runs: list[dict[str, Any]], out: Path) -> tuple[str, dict[str, list[dict[str, Any]]]]:
@@ -477,90 +386,21 @@ def summarize(runs: list[dict[str, Any]], out: Path) -> tuple[str, dict[str, lis
     return markdown, {"gather": gather_rows, "bcast": bcast_rows, "waiting_cpu": wait_rows}
 
 
-def headline(flat: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Ratios worth a sentence, computed from the tables."""
-    lines = []
-    g = flat["gather"]
-    for n in sorted({r["ranks"] for r in g}):
-        for rows in sorted({r["rows"] for r in g}):
-            t = {r["method"]: r["median_rank0_s"] for r in g if r["ranks"] == n and r["rows"] == rows}
-            lines.append(f"gather {n} ranks {rows:>9,} rows: pickle / mpi_util = {t['pickle'] / t['mpi_util']:.2f}x, "
-                         f"mpi_util / raw Gatherv = {t['mpi_util'] / t['raw_gatherv']:.2f}x")
-    b = flat["bcast"]
-    for n in sorted({r["ranks"] for r in b}):
-        for model in MODELS:
-            t = {r["method"]: r["median_slowest_rank_s"] for r in b if r["ranks"] == n and r["model"] == model}
-            lines.append(f"bcast {n} ranks {model}: pickle / mpi_util = {t['pickle'] / t['mpi_util']:.2f}x, "
-                         f"per-array Bcast / mpi_util = {t['bcast_per_array'] / t['mpi_util']:.2f}x")
-    for r in flat["waiting_cpu"]:
-        lines.append(f"waiting CPU {r['ranks']} ranks {r['method']}: max {r['max_cpu_s']:.3f} s, "
-                     f"sum {r['sum_cpu_s']:.3f} s")
-    return lines
-
-
-def plot_gather(gather_rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ranks = sorted({r["ranks"] for r in gather_rows})
-    fig, axes = plt.subplots(1, len(ranks), figsize=(4.2 * len(ranks), 3.8), sharey=True, squeeze=False)
-    styles = {"mpi_util": ("o-", "mpi_util.rank0_accum_batches"), "pickle": ("s--", "comm.gather (pickle) + concat"),
-              "raw_gatherv": ("^:", "raw comm.Gatherv (floor)")}
-    for ax, n in zip(axes[0], ranks, strict=True):
-        for method, (style, label) in styles.items():
-            pts = sorted((r["rows"], r["median_rank0_s"] * 1e3) for r in gather_rows
-                         if r["ranks"] == n and r["method"] == method)
-            ax.loglog([p[0] for p in pts], [p[1] for p in pts], style, label=label)
-        ax.set_title(f"{n} ranks")
-        ax.set_xlabel("rows in the gathered batch (100 B/row)")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("median time on rank 0 (ms)")
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def driver_main(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    python = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd() + os.sep) else sys.executable
-    command = shlex.join([python, *sys.argv])
-    machine = describe_machine()
     started = time.perf_counter()
     runs = []
-    for nprocs in args.ranks:
-        t0 = time.perf_counter()
-        print(f"collectives: {nprocs} ranks ...", flush=True)
-        run = launch(nprocs, args, out / f"raw_{nprocs}ranks.json")
-        print(f"collectives: {nprocs} ranks done in {time.perf_counter() - t0:.1f} s "
-              f"(load average before {run['load_avg_before'][0]:.2f})", flush=True)
-        runs.append(run)
-    wall_s = time.perf_counter() - started
-
-    tables, flat = summarize(runs, out)
+    with tempfile.TemporaryDirectory(prefix="collectives_") as scratch:
+        for nprocs in args.ranks:
+            print(f"collectives: {nprocs} ranks ...", flush=True)
+            runs.append(launch(nprocs, args, Path(scratch)))
+    tables, _ = summarize(runs, out)
     loads = ", ".join(f"{r['ranks']} ranks: {r['load_avg_before'][0]:.2f}" for r in runs)
-    header = "\n".join([
-        f"- command: `{command}` (from the repository root)",
-        f"- machine: nproc {machine['nproc']}, {machine['cpu_model']}, {machine['memory']} memory, {machine['os']}, "
-        f"Python {machine['python']}",
-        f"- MPI: {runs[0]['mpi_library']}; mpi4py {runs[0]['mpi4py']}; numpy {runs[0]['numpy']}",
-        f"- date: {machine['date_utc']}; total wall time of the run {wall_s:.0f} s",
-        versions_line(),
-        f"- 1-minute load average when each rank count started ({loads}): the machine is shared, other jobs may "
-        "have run during the measurement",
-    ])
-    markdown = f"{header}\n\n{tables}\n"
+    mpi = f"- MPI: {runs[0]['mpi_library']}; mpi4py {runs[0]['mpi4py']}; numpy {runs[0]['numpy']}"
+    markdown = "\n".join(machine_lines(time.perf_counter() - started, loads, [mpi])) + f"\n\n{tables}\n"
     (out / "results.md").write_text(markdown)
-    plot_gather(flat["gather"], out / "gather_time_vs_rows.png",
-                f"{command} | {machine['cpu_model']}, nproc {machine['nproc']} | {machine['date_utc']}")
-    print()
     print(markdown)
-    print("\n".join(headline(flat)))
-    print(f"\nwrote {', '.join(p.name for p in sorted(out.iterdir()))} to {out}")
     return 0
 
 
@@ -587,4 +427,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,19 +1,10 @@
-"""Learning results at 1M steps: train.py on each env and algorithm with several seeds, one run after another.
+"""Learning results at 1M steps: train.py on each env and algorithm with several seeds, one run after another, each
+final policy evaluated deterministically (benchmarks/README.md, section learning.py).
 
-    .venv/bin/python benchmarks/learning.py              # PPO and TRPO, Walker2d-v5 and Hopper-v5, 5 seeds
-    .venv/bin/python benchmarks/learning.py --algos ppo --envs Hopper-v5 --seeds 0 1 --nprocs 1
-    .venv/bin/python benchmarks/learning.py --report     # tables and plots from what is there
-
-Resumable: a run whose summary.json is under --out is skipped; a run that was cut off (the benchmark killed, the
-session over) is continued from its newest checkpoint in --workdir with ``train.py --resume``. Runs go in the order
-algorithm, seed, env, so that a partial sweep already covers every env.
-
-For each run it keeps, under ``--out/<env>_<algo>_n<nprocs>/s<seed>/``: progress.csv, config.json, command.txt
-(every command it ran, with the date and the commit) and summary.json, and then writes ``--out/results.md`` and
-``results.csv`` (mean ± std over seeds of two final returns: the mean of the last >= 10 training episodes, and a
-deterministic evaluation of the final policy over 10 episodes), and ``curves_<env>.png`` (mean and std over seeds
-of the training return against steps, one curve per algorithm and nprocs). Checkpoints and TensorBoard logs stay in
---workdir (not committed).
+Resumable: a run whose summary.json is under --out is skipped, a cut-off run continues from its newest checkpoint in
+--workdir, and a run there trained with another configuration than train.py would use now is refused. Per run it
+keeps progress.csv, config.json, command.txt and summary.json under ``--out/<env>_<algo>_n<nprocs>/s<seed>/``, then
+writes results.md, results.csv, runs.csv and curves_<env>.png from them (``--report`` alone rewrites those).
 """
 
 from __future__ import annotations
@@ -32,8 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scaling import (
+from harness import (
+    REPO,
+    RESULTS,
     describe_machine,
+    failure,
     load_average,
     pretty_command,
     read_progress,
@@ -43,8 +37,7 @@ from scaling import (
     write_csv,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "learning"
+DEFAULT_OUT = RESULTS / "learning"
 DEFAULT_WORKDIR = REPO / "runs" / "learning"
 FINAL_EPISODES = 10
 
@@ -94,8 +87,6 @@ def git_commit() -> str:
 def config_differences(run_dir: Path, train_args: list[str]) -> list[str]:
     """'field: VALUE there, VALUE now' for each learning setting where RUN_DIR's config.json differs from what
     ``train.py TRAIN_ARGS`` would configure with the code as it is now (a default may have changed since)."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     from trainer.config import build_config, load_saved_config
     from trainer.options import parse_args
 
@@ -134,8 +125,7 @@ def one_run(env: str, algo: str, nprocs: int, seed: int, args: argparse.Namespac
     load_before = load_average()
     returncode, train_wall_s = run_logged(command, log_path, args.timeout)
     if returncode != 0:
-        tail = log_path.read_text().splitlines()[-15:]
-        raise RuntimeError(f"exit status {returncode}: {shlex.join(command)}\n" + "\n".join(tail))
+        raise failure(shlex.join(command), returncode, log_path)
     run_dir = resumable[-1] if resumable else sorted(p.parent for p in logdir.glob("*/config.json"))[-1]
     rows = read_progress(run_dir / "progress.csv")
     if rows[-1]["total_steps"] < args.total_steps:
@@ -339,4 +329,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

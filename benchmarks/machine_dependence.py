@@ -1,25 +1,13 @@
-"""Which machine differences change train.py's numbers: the same run under the CPU kernels other machines would pick.
-
-One machine can run the kernels of another: numpy picks its own SIMD loops by CPU feature at run time (limited with
-``NPY_DISABLE_CPU_FEATURES``), OpenBLAS picks a kernel family per CPU (``OPENBLAS_CORETYPE``), oneDNN picks an
-instruction set (``ONEDNN_MAX_CPU_ISA``), and ``taskset`` hands the run fewer cores. Each variant is ``NAME=SETTINGS``
-where SETTINGS are ``VAR=value`` words for the environment and an optional ``taskset=CPUS``; the first is the
-reference. Every variant runs the same command (default: the README's first command, ``train.py Walker2d --nprocs 2
---total_steps 200000``), and the table says whether its learning columns in progress.csv equal the reference's bit
-for bit, the first iteration where they part, and the last iteration's mean return. ``--code DIR`` runs another
-checkout's train.py (a worktree of an older commit) with this environment's packages.
-
-    .venv/bin/python benchmarks/machine_dependence.py
-    .venv/bin/python benchmarks/machine_dependence.py --code /tmp/f218846 --out benchmarks/results/machine_f218846
-
-Writes runs.csv and results.md to ``--out`` (default benchmarks/results/machine_dependence/) and prints the table.
+"""Which machine differences change train.py's numbers: the same run under the CPU kernels other machines would pick
+(numpy's SIMD loops, OpenBLAS's kernel family, oneDNN's instruction set, fewer cores; benchmarks/README.md, section
+machine_dependence.py). A variant is ``NAME=SETTINGS``, ``VAR=value`` words and an optional ``taskset=CPUS``; the
+first is the reference. The table says whether progress.csv's learning columns equal the reference's bit for bit.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import os
 import shlex
 import subprocess
 import sys
@@ -29,9 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scaling import load_average, machine_lines, pretty_command, table, write_csv
+from harness import REPO, RESULTS, failure, load_average, run_logged, table, write_results
 
-REPO = Path(__file__).resolve().parent.parent
 # The columns of progress.csv that follow from the numbers alone (no clocks): where two runs agree in all of them at
 # every iteration, they learned the same thing.
 LEARNING_COLUMNS = ("total_episodes", "ep_return_mean", "ep_return_min", "ep_return_max", "pi_loss", "v_loss",
@@ -70,18 +57,13 @@ def parse_variant(text: str) -> tuple[str, dict[str, str], str | None]:
 
 def run_variant(code: Path, train_args: list[str], env: dict[str, str], cpus: str | None, workdir: Path,
                 timeout_s: float) -> tuple[list[dict[str, str]], float]:
-    """Run train.py of ``code`` once; (its progress.csv rows, wall seconds)."""
+    """Run train.py of ``code`` once; (its progress.csv rows, as text, and the wall seconds)."""
     command = [sys.executable, str(code / "train.py"), *train_args, "--logdir", str(workdir)]
     if cpus is not None:
         command = ["taskset", "-c", cpus, *command]
-    started = time.perf_counter()
-    with open(workdir / "train.log", "w") as log:
-        result = subprocess.run(command, cwd=code, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                timeout=timeout_s, check=False)
-    wall_s = time.perf_counter() - started
-    if result.returncode != 0:
-        raise SystemExit(f"machine_dependence.py: error: {shlex.join(command)} exited {result.returncode}; "
-                         f"see {workdir / 'train.log'}")
+    returncode, wall_s = run_logged(command, workdir / "train.log", timeout_s, env, cwd=code)
+    if returncode != 0:
+        raise failure(shlex.join(command), returncode, workdir / "train.log")
     (progress,) = workdir.glob("*/progress.csv")
     with open(progress, newline="") as f:
         return list(csv.DictReader(f)), wall_s
@@ -104,7 +86,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train_args", default="Walker2d --nprocs 2 --total_steps 200000",
                         help="train.py arguments (default: the README's first command)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run before giving up (default 900)")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "machine_dependence",
+    parser.add_argument("--out", type=Path, default=RESULTS / "machine_dependence",
                         help="where runs.csv and results.md go")
     return parser.parse_args(argv)
 
@@ -136,19 +118,13 @@ def main() -> int:
             print(f"{name}: last mean return {rows[-1]['last_return_mean']:.1f}, "
                   f"{'same as' if differs_at is None else f'parts from iteration {differs_at} of'} the reference "
                   f"({wall_s:.0f} s)", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_csv(args.out / "runs.csv", rows)
     header = ["variant", "settings", "bit for bit as the first", "first iteration that differs", "last mean return"]
     body = [[r["variant"], f"`{r['settings']}`", "yes" if r["same_as_reference"] else "no",
              r["first_differing_iteration"] or "", f"{r['last_return_mean']:.1f}"] for r in rows]
-    text = "\n".join([
-        f"# train.py under other machines' kernels: `train.py {args.train_args}`, code of {commit}", "",
-        *machine_lines(pretty_command(), time.perf_counter() - started, ", ".join(loads)), "",
-        table(header, body), ""])
-    (args.out / "results.md").write_text(text)
-    print(text)
+    write_results(args.out, rows, table(header, body), time.perf_counter() - started, ", ".join(loads),
+                  title=f"train.py under other machines' kernels: `train.py {args.train_args}`, code of {commit}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

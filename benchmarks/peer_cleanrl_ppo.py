@@ -1,19 +1,7 @@
-"""A CleanRL-style single-file PPO for continuous actions (torch), the peer benchmarks/peers.py measures.
-
-Written after the shape of CleanRL's ``ppo_continuous_action.py``: a gymnasium vector env whose sub-envs are wrapped
-RecordEpisodeStatistics, ClipAction, NormalizeObservation, TransformObservation (clip 10), NormalizeReward and
-TransformReward (clip 10); an Agent with separate critic and actor 64-64 tanh MLPs (orthogonal init) and a
-state-independent log std; GAE; 10 epochs of shuffled minibatches with the clipped surrogate, clipped value loss,
-advantages normalized per minibatch, a global grad-norm clip of 0.5 and the learning rate annealed linearly to 0.
-Like CleanRL it treats a time-limit truncation as the end of the episode (no bootstrap). One addition for equal work
-with train.py: the epochs stop early when an epoch's approx KL exceeds ``--target_kl`` (CleanRL's own check).
-
-One loop, read top to bottom. Each iteration prints its steps/s and where its time went (rollout, update)::
-
-    .venv/bin/python benchmarks/peer_cleanrl_ppo.py --total_steps 20480                # 1 env
-    .venv/bin/python benchmarks/peer_cleanrl_ppo.py --total_steps 20480 --num_envs 2   # 2 envs, 1,024 steps each
-
-``--json PATH`` also writes the per-iteration record that peers.py reads.
+"""A CleanRL-style single-file PPO for continuous actions (torch), the peer peers.py measures, written after the
+shape of CleanRL's ppo_continuous_action.py: a vector env with CleanRL's normalizing wrappers, separate 64-64 tanh
+actor and critic, GAE, clipped surrogate and value losses, lr annealed to 0; for equal work with train.py the epochs
+stop when an epoch's approx KL exceeds 1.5 x ``--target_kl``. ``--json PATH`` writes the record peers.py reads.
 """
 
 from __future__ import annotations
@@ -21,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -36,38 +23,24 @@ from torch.distributions.normal import Normal
 
 @dataclass
 class Args:
+    """The settings, each a command-line option of the same name; json: where the per-iteration record goes."""
+
     env_id: str = "Walker2d-v5"
-    """the gymnasium environment id"""
     total_steps: int = 61_440
-    """environment steps to train for (over all envs)"""
     seed: int = 0
-    """seed of python, numpy, torch and the envs"""
     num_envs: int = 1
-    """sub-envs of the SyncVectorEnv, stepped in this process"""
     batch_steps: int = 2048
-    """rows per update, over all envs (each env steps batch_steps / num_envs per iteration)"""
     minibatch_size: int = 64
-    """rows per Adam step"""
     update_epochs: int = 10
-    """passes over the batch per update"""
     learning_rate: float = 3e-4
-    """Adam's step size at the start; annealed linearly to 0 at total_steps"""
     gamma: float = 0.99
-    """discount"""
     gae_lambda: float = 0.95
-    """GAE's lambda"""
     clip_coef: float = 0.2
-    """PPO's ratio clip, also the value-loss clip"""
     vf_coef: float = 0.5
-    """weight of the value loss"""
     max_grad_norm: float = 0.5
-    """global grad-norm clip"""
     target_kl: float = 0.02
-    """stop an update's epochs when an epoch ends with approx KL above 1.5 x this (train.py's rule); 0: never"""
     torch_threads: int = 1
-    """torch.set_num_threads"""
     json: str = ""
-    """if set, write the per-iteration record (steps, times, episode returns) to this path"""
 
 
 def make_env(env_id: str, gamma: float) -> Callable[[], gym.Env]:
@@ -268,4 +241,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,23 +1,7 @@
-"""RLlib's PPO (ray[rllib], new API stack, torch) at train.py's work per iteration: the peer benchmarks/peers.py runs.
-
-Runs in benchmarks/.venv-rllib (made by benchmarks/setup_peers.sh), never in the project's environment::
-
-    benchmarks/.venv-rllib/bin/python benchmarks/peer_rllib_ppo.py --total_steps 20480 --num_env_runners 2
-
-Configured for equal work with train.py's defaults: 2,048 env steps per update (``train_batch_size_per_learner``,
-split over the env runners, one env each), 10 epochs of 64-row minibatches, Adam lr 3e-4 annealed linearly as
-train.py does (the last update gets 3e-4 / iterations), clip 0.2, gamma 0.99, lambda 0.95, global grad-norm clip
-0.5, value-loss weight 0.5, no entropy bonus, no KL penalty; separate 64-64 tanh policy and value MLPs and a
-state-independent log std; observations normalized by RLlib's MeanStdFilter connector (running mean and std, merged
-across env runners). The learner is local (``num_learners=0``): one process updates, as rank 0 does in train.py.
-What cannot be made equal: RLlib has no reward normalization (returns are learned unscaled), it clips the value loss
-at ``vf_clip_param`` (10) instead of normalizing value targets, initializes the networks its own way, and never
-stops an update's epochs early on KL.
-
-Each iteration prints its steps/s and where the wall time of ``algo.train()`` went: the learner update (timed around
-``learner_group.update``; RLlib's own timers are moving averages, not per-iteration figures) and the rest (sampling
-on the env runners, the weight sync, metrics). ``--json PATH`` also writes the per-iteration record that peers.py
-reads.
+"""RLlib's PPO (ray[rllib], new API stack, torch) at train.py's work per iteration, the peer peers.py runs, in
+benchmarks/.venv-rllib (made by setup_peers.sh), never in the project's environment: 2,048 env steps per update over
+the env runners, 10 epochs of 64-row minibatches, lr 3e-4 annealed as train.py's, a local learner. What cannot be
+made equal is in peers.py's notes. ``--json PATH`` writes the per-iteration record peers.py reads.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
-"""train.py and three peers at equal work, side by side: stable-baselines3, a CleanRL-style torch PPO, RLlib PPO.
-
-Every system runs PPO on the same env, step budget and seed, with the same work per iteration: 2,048 env steps per
-update, 10 epochs of 64-row minibatches (320 Adam steps unless an epoch stops early), 64-64 tanh policy and value
-networks, lr 3e-4, clip 0.2, gamma 0.99, lambda 0.95, grad-norm clip 0.5, and observation and reward normalization
-each as its system does it. Each run is a fresh subprocess bounded in time, one after the other (never two at once:
-they would share the cores), in an order that reverses from repeat to repeat; ratios pair runs of the same repeat.
-
-- ``ours``: ``train.py ENV --nprocs N`` (benchmarks/vs_sb3.py describes its defaults), for each ``--nprocs``.
-- ``sb3``: stable-baselines3 PPO with one env, run exactly as benchmarks/vs_sb3.py runs it.
-- ``cleanrl``: benchmarks/peer_cleanrl_ppo.py, one process stepping ``--cleanrl_envs`` envs (default 1).
-- ``rllib``: benchmarks/peer_rllib_ppo.py with N env runners for each ``--nprocs``, in benchmarks/.venv-rllib
-  (``bash benchmarks/setup_peers.sh``); skipped with a note when that venv is missing.
-
-For each run: env steps per second after ``--warmup`` iterations and over the whole loop, the time per iteration
-split into rollout and update, the Adam steps per iteration, the final mean return and the process's wall time
-(imports and start-up included). Run from the repository root with the bench extra installed::
-
-    .venv/bin/python benchmarks/peers.py --nprocs 2 --repeats 3 --out benchmarks/results/peers
-
-Writes runs.csv, curves.csv, results.md (tables with the command, the configurations and what differs, machine,
-date and load averages) and peers.png (mean return against steps) to ``--out``; prints the tables.
+"""train.py and its peers at equal work, side by side: stable-baselines3 PPO (peer_sb3_ppo.py), a CleanRL-style
+torch PPO (peer_cleanrl_ppo.py) and RLlib PPO (peer_rllib_ppo.py, in benchmarks/.venv-rllib from setup_peers.sh;
+skipped with a note without it). Every system runs the same env, budget and seed with 2,048 steps and 10 epochs of
+64-row minibatches per update; each run is a fresh subprocess, one at a time, in an order that reverses from repeat
+to repeat, and ratios pair runs of the same repeat (benchmarks/README.md, section peers.py). Writes runs.csv,
+results.md and a plot of the returns to ``--out``.
 """
 
 from __future__ import annotations
@@ -27,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import statistics
 import sys
@@ -36,11 +21,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scaling import load_average, machine_lines, pretty_command, run_logged, run_train, table, write_csv
-from vs_sb3 import BATCH, curves_ours, curves_sb3, plot_curves, run_sb3, summarize_ours, summarize_sb3
+from harness import (
+    REPO,
+    RESULTS,
+    failure,
+    load_average,
+    run_logged,
+    run_train,
+    summarize_run,
+    table,
+    write_results,
+)
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "peers"
+BATCH = 2048
+MINIBATCH = 64
 DEFAULT_RLLIB_PYTHON = REPO / "benchmarks" / ".venv-rllib" / "bin" / "python"
 SYSTEMS = ("ours", "sb3", "cleanrl", "rllib")
 
@@ -48,7 +42,7 @@ NOTES = [
     "train.py: lr annealed linearly to 0; an update's epochs stop when an epoch's approx KL exceeds 1.5 x 0.02; "
     "observations normalized with running statistics (clip 10), value targets with running return statistics; "
     "rank 0's TF update runs one thread per op, two ops at a time, TensorFlow's own kernels (oneDNN off).",
-    "stable-baselines3: constant lr (as vs_sb3.py runs it); target_kl 0.02 checked after every minibatch; "
+    "stable-baselines3: constant lr; target_kl 0.02 checked after every minibatch; "
     "VecNormalize of observations and rewards (clip 10); torch on `--torch_threads` thread(s).",
     "CleanRL-style: lr annealed linearly to 0; epochs stop on approx KL > 1.5 x 0.02 (CleanRL's per-epoch check, "
     "train.py's threshold); per-env NormalizeObservation and NormalizeReward wrappers, each clipped at 10; clipped "
@@ -64,7 +58,7 @@ NOTES = [
 ]
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                         help="systems to run, in this order in the first repeat (default: all)")
@@ -87,7 +81,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="seconds one run may take before it is killed (default: %(default)s)")
     parser.add_argument("--rllib_python", default=str(DEFAULT_RLLIB_PYTHON),
                         help="python of the RLlib venv (default: benchmarks/.venv-rllib/bin/python)")
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help="output directory (default: %(default)s)")
+    parser.add_argument("--out", default=str(RESULTS / "peers"), help="output directory (default: %(default)s)")
     args = parser.parse_args(argv)
     iterations = args.total_steps // BATCH
     if iterations <= args.warmup or iterations < args.tail:
@@ -110,15 +104,14 @@ def run_peer(name: str, command: list[str], workdir: Path, timeout_s: float) -> 
     load_before = load_average()
     returncode, process_wall_s = run_logged([*command, "--json", str(json_path)], log_path, timeout_s)
     if returncode != 0 or not json_path.exists():
-        tail = log_path.read_text().splitlines()[-15:]
-        raise RuntimeError(f"{name}: exit status {returncode}, log {log_path}:\n" + "\n".join(tail))
+        raise failure(name, returncode, log_path)
     record = json.loads(json_path.read_text())
     record.update(process_wall_s=process_wall_s, load_before=load_before, load_after=load_average())
     return record
 
 
 def summarize_peer(record: dict[str, Any], system: str, nprocs: int, warmup: int, tail: int) -> dict[str, Any]:
-    """The summary vs_sb3.py's summarize_* give, from a peer's per-iteration record (steps, wall_s, t_rollout,
+    """What summarize_ours gives, from a peer's per-iteration record (steps, wall_s, t_rollout,
     t_update, grad_steps, and either returns: the episodes ended that iteration, or episode_return_mean)."""
     its = record["iterations"]
     steady = its[warmup:]
@@ -149,6 +142,17 @@ def summarize_peer(record: dict[str, Any], system: str, nprocs: int, warmup: int
         "load_before": record["load_before"],
         "load_after": record["load_after"],
     }
+
+
+def summarize_ours(run: Any, warmup: int, tail: int) -> dict[str, Any]:
+    """summarize_peer's figures for a train.py run: rollout = rollout + gather, update = update + broadcast."""
+    s = summarize_run(run, warmup, tail, os.cpu_count() or 1)
+    return {"system": f"train.py --nprocs {run.nprocs}", "nprocs": run.nprocs, "iterations": s["iterations"],
+            "steps_per_s": s["steps_per_s"], "steps_per_s_whole_loop": s["steps_per_s_whole_loop"],
+            "t_rollout": s["t_sampling"], "t_update": s["t_update"] + s["t_bcast"], "t_other": s["t_other"],
+            "grad_steps_per_iter": s["epochs_mean"] * math.ceil(BATCH / MINIBATCH), "mean_return": s["mean_return"],
+            "tail_episodes": s["tail_episodes"], "process_wall_s": s["process_wall_s"],
+            "load_before": s["load_before"], "load_after": s["load_after"]}
 
 
 def curves_peer(record: dict[str, Any]) -> tuple[list[float], list[float]]:
@@ -182,13 +186,14 @@ def run_job(args: argparse.Namespace, system: str, n: int, workdir: Path
     """One run: its summary, its return curve and the versions it ran with."""
     if system == "ours":
         run = run_train(args.env, n, args.total_steps, workdir, args.timeout)
-        return summarize_ours(run, args.warmup, args.tail), curves_ours(run), {}
-    if system == "sb3":
-        result = run_sb3(args, workdir)
-        return summarize_sb3(result, args.warmup, args.tail), curves_sb3(result), result["versions"]
+        return (summarize_ours(run, args.warmup, args.tail),
+                ([r["total_steps"] for r in run.rows], [r["ep_return_mean"] for r in run.rows]), {})
     common = ["--total_steps", str(args.total_steps), "--seed", str(args.seed),
               "--torch_threads", str(args.torch_threads)]
-    if system == "cleanrl":
+    if system == "sb3":
+        command = [sys.executable, str(REPO / "benchmarks" / "peer_sb3_ppo.py"), "--env", args.env, *common]
+        label = f"stable-baselines3 PPO, 1 env, torch {args.torch_threads} thread(s)"
+    elif system == "cleanrl":
         command = [sys.executable, str(REPO / "benchmarks" / "peer_cleanrl_ppo.py"), "--env_id", args.env,
                    "--num_envs", str(n), *common]
         label = f"CleanRL-style PPO, {n} env{'s' if n > 1 else ''}, torch {args.torch_threads} thread(s)"
@@ -201,11 +206,28 @@ def run_job(args: argparse.Namespace, system: str, n: int, workdir: Path
     return summarize_peer(record, label, n, args.warmup, args.tail), curves_peer(record), versions
 
 
-def main() -> int:
-    args = parse_args()
+def plot_curves(curves: list[tuple[str, list[float], list[float]]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, xs, ys in curves:
+        ax.plot(xs, ys, label=label, alpha=0.8)
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("mean return of the episodes ended per iteration")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None, plot_name: str = "peers.png") -> int:
+    args = parse_args(argv)
     out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    command = pretty_command()
     notes: list[str] = []
     rllib_ready = Path(args.rllib_python).exists()
     if "rllib" in args.systems and not rllib_ready:
@@ -241,42 +263,35 @@ def main() -> int:
     if not results:
         print("peers: no run finished; nothing written", file=sys.stderr)
         return 1
-    markdown = write_results(args, out, command, time.perf_counter() - started, results, curves, versions, notes)
-    print()
-    print(markdown)
-    print(f"wrote runs.csv, curves.csv, results.md, peers.png to {out}")
+    report(args, out, time.perf_counter() - started, results, versions, notes)
+    plot_curves(curves, out / plot_name, f"{args.env}, {args.total_steps} steps, seed {args.seed} (one curve per "
+                "system: the first repeat's; RLlib's is its running mean of the last 100 episodes)")
     return 1 if any(" failed: " in note for note in notes) else 0
 
 
-def write_results(args: argparse.Namespace, out: Path, command: str, wall_s: float, results: list[dict[str, Any]],
-                  curves: list[tuple[str, list[float], list[float]]], versions: dict[str, str],
-                  notes: list[str]) -> str:
-    """Write runs.csv, curves.csv, results.md and peers.png; return the markdown."""
-    write_csv(out / "runs.csv", results)
-    write_csv(out / "curves.csv", [{"system": label, "steps": x, "mean_return": y}
-                                   for label, xs, ys in curves for x, y in zip(xs, ys, strict=True)])
-    baseline = results[0]["system"]  # the first system of the first repeat: train.py --nprocs N by default
+def report(args: argparse.Namespace, out: Path, wall_s: float, results: list[dict[str, Any]],
+           versions: dict[str, str], notes: list[str]) -> None:
+    """runs.csv and results.md: every run, and the ratios of the first system (train.py by default) to the others."""
+    baseline = results[0]["system"]
     rows, ratios = [], {}
     for repeat in range(1, args.repeats + 1):
         mine = [r for r in results if r["repeat"] == repeat]
         base = next((r["steps_per_s"] for r in mine if r["system"] == baseline), math.nan)
         for r in mine:
-            ratio = r["steps_per_s"] / base
-            ratios.setdefault(r["system"], []).append(ratio)
+            ratios.setdefault(r["system"], []).append(base / r["steps_per_s"])
             rows.append([repeat, r["system"], f"{r['steps_per_s']:,.0f}", f"{r['steps_per_s_whole_loop']:,.0f}",
-                         f"{ratio:.2f}x", f"{r['t_rollout']:.3f}", f"{r['t_update']:.3f}", f"{r['t_other']:.3f}",
-                         f"{r['grad_steps_per_iter']:.0f}", f"{r['mean_return']:.1f} ({r['tail_episodes']})",
-                         f"{r['process_wall_s']:.0f}", f"{r['load_before']:.2f}"])
-    ratio_lines = [f"- {system} / {baseline}, steps/s after the warm-up: median **{statistics.median(xs):.2f}x** over "
+                         f"{r['steps_per_s'] / base:.2f}x", f"{r['t_rollout']:.3f}", f"{r['t_update']:.3f}",
+                         f"{r['t_other']:.3f}", f"{r['grad_steps_per_iter']:.0f}",
+                         f"{r['mean_return']:.1f} ({r['tail_episodes']})", f"{r['process_wall_s']:.0f}",
+                         f"{r['load_before']:.2f}"])
+    ratio_lines = [f"- {baseline} / {system}, steps/s after the warm-up: median **{statistics.median(xs):.2f}x** over "
                    f"{len(xs)} repeat(s) ({', '.join(f'{x:.2f}x' for x in xs)})"
                    for system, xs in ratios.items() if system != baseline]
+    about = [f"- budget: {args.total_steps} steps per run on {args.env}, seed {args.seed}; warm-up {args.warmup} "
+             f"iteration(s) left out of steps/s; final mean return over the episodes of the last {args.tail} "
+             "iterations; " + ", ".join(f"{k} {v}" for k, v in versions.items())]
     loads = ", ".join(f"r{r['repeat']} {r['system'].split(', torch')[0]}: {r['load_before']:.2f}" for r in results)
-    header = machine_lines(command, wall_s, loads)
-    header.insert(1, f"- budget: {args.total_steps} steps per run on {args.env}, seed {args.seed}; warm-up "
-                  f"{args.warmup} iteration(s) left out of steps/s; final mean return over the episodes of the last "
-                  f"{args.tail} iterations; " + ", ".join(f"{k} {v}" for k, v in versions.items()))
-    markdown = "\n".join([
-        *header, "",
+    body = "\n".join([
         f"Per run (seconds per iteration; ours: rollout = rollout + gather, update = update + broadcast; RLlib: "
         f"update = its learner update, rollout = the rest of train(); ratio = steps/s over {baseline}'s in the same "
         "repeat):", "",
@@ -286,12 +301,9 @@ def write_results(args: argparse.Namespace, out: Path, command: str, wall_s: flo
         "What each system does (the work per iteration is the same; these are the differences):", "",
         *(f"- {note}" for note in NOTES),
         *(["", *(f"- {note}" for note in notes)] if notes else []),
-    ]) + "\n"
-    (out / "results.md").write_text(markdown)
-    plot_curves(curves, out / "peers.png", f"{args.env}, {args.total_steps} steps, seed {args.seed} (one curve per "
-                "system: the first repeat's; RLlib's is its running mean of the last 100 episodes)")
-    return markdown
+    ])
+    write_results(out, results, body, wall_s, loads, about)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,45 +1,13 @@
-"""The rollout of one rank against the bare env.step loop: how much of the simulator's speed a rank keeps.
+"""The rollout of one rank against the bare env.step loop: how much of the simulator's speed a rank keeps
+(benchmarks/README.md, section rollout.py).
 
-What it measures, in one process, on the same env id and seed, for ``--steps`` steps per variant:
-
-- ``bare``: ``env.step(a)`` with uniform random actions drawn beforehand (numpy, outside the timed loop), and
-  ``env.reset()`` when an episode ends: the ceiling, the simulator and gymnasium's wrappers alone;
-- ``bare_sample``: the same loop drawing each action with ``env.action_space.sample()``, the usual
-  "random agent" loop (gymnasium's sampler costs more per call than our policy's forward pass);
-- ``rollout``: ``algos.RolloutWorker.collect(steps, actor, rng)``, what every rank of train.py runs each
-  iteration: a freshly initialized Walker2d 64-64 tanh policy acting through ``NumpyActor`` (observation
-  normalization, forward pass, Gaussian sample), action clipping, non-finite checks, episode bookkeeping, one
-  batched value pass and GAE at the end; with single-threaded BLAS, as mpi_fork starts every rank;
-- ``rollout_<K>envs``: the same with K envs per rank (``train.py --envs_per_rank K``; ``--envs_per_rank``
-  chooses the Ks, default 2 and 4): the envs step in lockstep and the policy acts on K rows per call;
-- ``actor_only``: ``NumpyActor.act_with_noise`` on one row per call, ``--steps`` times, the noise drawn for all
-  rows in one call as the rollout draws it: the policy's share of ``rollout``.
-
-On a shared machine the load changes within seconds, so the variants are interleaved finely: a round runs
-``--chunk`` steps (default 1024, one rank's share of train.py's 2048-step batch at --nprocs 2) of each variant in
-turn, in an order rotated from chunk to chunk, until every variant has run ``--steps`` steps. Reported per variant:
-wall-clock steps/s over the round (median over rounds), steps per CPU-second of this process (``time.process_time``,
-which leaves out the time spent waiting for a core), and the rate of its fastest chunk (the least disturbed). The
-ratio rollout / bare is taken within each round, then the median over rounds; the ratio of the fastest chunks is a
-second estimate that the load disturbs less. Target: rollout >= 80% of bare.
-
-A second part measures what two cores give two processes doing the same work: two persistent worker processes
-(each with its own env and actor, seeds ``seed`` and ``seed + 1``, as two ranks have) are told to run ``--par_steps``
-steps of the bare loop or of the rollout, either one of them alone or both at the same moment (a start signal
-after both are ready); the aggregate rate is the steps of all of them over the slowest one's time, as a synchronous
-gather sees it. Two-process efficiency = aggregate rate of two / (2 x rate of one), paired within a round, median
-over ``--par_rounds`` rounds. The bare loop's efficiency is the ceiling the machine puts on train.py's
-sampling-phase parallel efficiency at 2 processes (benchmarks/scaling.py), whatever the software does. In the same
-rounds ``--oversub`` processes (default 8) run at once, sharing the two processes' total steps: their aggregate rate
-over two processes' is the machine's ceiling for ``--nprocs 8`` against ``--nprocs 2`` in the sampling phase.
-
-Run from the repository root (about 3 minutes on 2 cores)::
-
-    .venv/bin/python benchmarks/rollout.py
-    .venv/bin/python benchmarks/rollout.py --steps 20000 --rounds 15      # steadier
-
-Writes rollout.csv (every measurement), parallel.csv (the two-process part) and results.md (the tables, with
-command, machine, date and load averages) to benchmarks/results/rollout/ (``--out``) and prints the tables.
+In one process, interleaved in chunks of ``--chunk`` steps in an order rotated from chunk to chunk: ``bare``
+(env.step with random actions drawn beforehand), ``bare_sample`` (action_space.sample() per step), ``rollout``
+(algos.RolloutWorker.collect, what every rank of train.py runs, with single-threaded BLAS as mpi_fork starts a rank),
+``rollout_<K>envs`` (K envs per rank) and ``actor_only`` (the policy's forward passes alone). Ratios to ``bare`` pair
+the variants of a round. Then two worker processes at once against one, and ``--oversub`` processes sharing two
+processes' steps against two: the machine's ceiling for train.py's sampling efficiency. Writes rollout.csv,
+parallel.csv and results.md to ``--out``.
 """
 
 from __future__ import annotations
@@ -58,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scaling import describe_machine, load_average, pretty_command, table, versions_line, write_csv
+from harness import RESULTS, load_average, machine_lines, table, write_csv
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "rollout"
+DEFAULT_OUT = RESULTS / "rollout"
 
 
 def variants_of(envs_per_rank: Sequence[int]) -> tuple[str, ...]:
@@ -106,8 +73,6 @@ def rollout_loop(env_id: str, seed: int, steps: int, n_envs: int = 1) -> tuple[C
     import gymnasium
     import keras
 
-    if str(REPO) not in sys.path:  # algos comes from this checkout, as for train.py run from the repository root
-        sys.path.insert(0, str(REPO))
     from algos import ActorCritic, RolloutWorker
 
     env = gymnasium.make(env_id)
@@ -324,7 +289,6 @@ def main() -> int:
         return parallel_worker(args)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    command = pretty_command()
     started = time.perf_counter()
     records: list[dict[str, Any]] = []
     chunks = max(1, args.steps // args.chunk)
@@ -370,19 +334,12 @@ def main() -> int:
     write_csv(out / "rollout.csv", records)
     if par_rows:
         write_csv(out / "parallel.csv", par_rows)
-    machine = describe_machine()
     loads = [r["load_avg_1min"] for r in records]
     met = "met" if s["wall"] >= TARGET_RATIO else "missed"
     markdown = "\n".join([
-        f"- command: `{command}` (from the repository root)",
-        f"- what: {args.env}, seed {args.seed}; {args.rounds} rounds of {steps} steps per variant, interleaved in "
-        f"chunks of {args.chunk} steps (order rotated each chunk); one process",
-        f"- machine: nproc {machine['nproc']}, {machine['cpu_model']}, {machine['memory']} memory, {machine['os']}, "
-        f"Python {machine['python']}",
-        f"- date: {machine['date_utc']} (`date -u` at the end); total wall time {wall_s:.0f} s",
-        versions_line(),
-        f"- 1-minute load average during the measurements: median {statistics.median(loads):.2f}, "
-        f"{min(loads):.2f}-{max(loads):.2f} (the machine is shared; other jobs ran meanwhile)",
+        *machine_lines(wall_s, f"median {statistics.median(loads):.2f}, {min(loads):.2f}-{max(loads):.2f}", [
+            f"- what: {args.env}, seed {args.seed}; {args.rounds} rounds of {steps} steps per variant, interleaved "
+            f"in chunks of {args.chunk} steps (order rotated each chunk); one process"]),
         "",
         "Median over rounds:",
         "",
@@ -433,4 +390,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

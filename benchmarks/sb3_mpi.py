@@ -1,25 +1,8 @@
-"""Stable-Baselines3 PPO on N MPI processes (mpi_util.sb3) against plain SB3 and SB3's own SubprocVecEnv, side by side.
-
-Every configuration trains the same PPO (SB3 2.9.2, its MuJoCo-style settings: 2048 steps per update over all envs,
-64-row minibatches, 10 epochs, lr 3e-4, gamma 0.99, lambda 0.95, clip 0.2; ``VecNormalize`` of observations and
-rewards; torch on 1 thread per process; seed 0) for the same total number of environment steps:
-
-- ``plain``: one process, one env (DummyVecEnv), n_steps 2048: a user's script as it is;
-- ``subproc N``: one learner process, N envs stepped in N ``SubprocVecEnv`` worker processes, n_steps 2048 / N;
-- ``mpi N``: the same script on N MPI processes through ``mpi_util.sb3.parallelize``, one env per rank, n_steps
-  2048 / N (so the update still sees 2048 rows).
-
-Each run is a fresh subprocess, bounded in time, run one after the other (never at the same time: they would share the
-cores), in an order that reverses from repeat to repeat. Reported per run: environment steps per second of
-``learn()`` (total steps / learn's wall time), the process's wall time (imports and start-up included), and the
-final return (mean of the last 100 finished episodes: rank 0's record covers every rank's episodes). The curve of
-mean return against steps goes to curves.csv and the plot.
-
-    .venv/bin/python benchmarks/sb3_mpi.py                                   # Hopper-v5, 150k steps, 2 and 8
-    .venv/bin/python benchmarks/sb3_mpi.py --env Walker2d-v5 --total_steps 300000 --repeats 2
-    .venv/bin/python benchmarks/sb3_mpi.py --device cuda --out benchmarks/results/sb3_mpi_gpu   # on a GPU
-
-Writes runs.csv, curves.csv, results.md and sb3_mpi.png to benchmarks/results/sb3_mpi/ (``--out``); prints the table.
+"""Stable-Baselines3's PPO three ways at the same total steps, side by side (benchmarks/README.md, section
+sb3_mpi.py): a plain script (one env), SB3's SubprocVecEnv with N envs, and the plain script on N MPI processes
+through mpi_util.sb3.parallelize (one env per rank). Every configuration updates on 2,048 rows (n_steps = 2048 / N);
+each run is a fresh subprocess, one at a time, in an order that reverses from repeat to repeat. Writes runs.csv,
+results.md and sb3_mpi.png to ``--out``.
 """
 
 from __future__ import annotations
@@ -33,9 +16,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from scaling import fmt, machine_lines, median, pretty_command, run_for_result, table, write_csv
+from harness import RESULTS, fmt, median, run_for_result, table, write_results
 
-REPO = Path(__file__).resolve().parent.parent
 BATCH_STEPS = 2048  # rows per PPO update, over all envs and ranks
 
 
@@ -114,7 +96,7 @@ def main() -> int:
                         help="torch device of every process's policy, e.g. cuda: every rank on the GPU "
                              "(default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "sb3_mpi",
+    parser.add_argument("--out", type=Path, default=RESULTS / "sb3_mpi",
                         help="results directory (default: %(default)s)")
     parser.add_argument("--run", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)  # one run, internal
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -152,8 +134,6 @@ def main() -> int:
     plain_rate = {r["repeat"]: r["steps_per_s"] for r in runs if r["kind"] == "plain"}
     for r in runs:
         r["vs_plain"] = r["steps_per_s"] / plain_rate[r["repeat"]]
-    write_csv(args.out / "runs.csv", runs)
-    write_csv(args.out / "curves.csv", curves)
 
     rows = [[r["repeat"], r["system"], fmt(r["steps_per_s"]), f"{r['vs_plain']:.2f}x", f"{r['final_return']:.1f}",
              r["episodes"], fmt(r["learn_s"]), fmt(r["process_wall_s"]), "yes" if r["in_sync"] else "NO",
@@ -162,26 +142,16 @@ def main() -> int:
                 f"{median([r['vs_plain'] for r in runs if (r['kind'], r['n']) == (kind, n)]):.2f}x",
                 f"{median([r['final_return'] for r in runs if (r['kind'], r['n']) == (kind, n)]):.1f}"]
                for kind, n in configs]
-    lines = [
-        f"# Stable-Baselines3 PPO on {args.env}: plain, SubprocVecEnv and mpi_util.sb3",
-        "",
-        *machine_lines(pretty_command(), wall_s, ", ".join(f"{r['system']}: {r['load_before']:.2f}" for r in runs)),
-        f"- budget: {args.total_steps} steps per run (rounded up to whole updates of {BATCH_STEPS} rows), seed "
-        f"{args.seed}; stable_baselines3 {version('stable_baselines3')}, torch {version('torch')}, 1 torch thread "
-        f"per process, policies on {args.device}",
-        "",
+    about = [f"- budget: {args.total_steps} steps per run (rounded up to whole updates of {BATCH_STEPS} rows), seed "
+             f"{args.seed}; stable_baselines3 {version('stable_baselines3')}, torch {version('torch')}, 1 torch "
+             f"thread per process, policies on {args.device}"]
+    body = "\n\n".join([
         "Median over repeats (vs plain = steps/s over plain SB3's in the same repeat):",
-        "",
-        table(["system", "steps/s", "vs plain", "final return"], summary),
-        "",
-        "Every run:",
-        "",
+        table(["system", "steps/s", "vs plain", "final return"], summary), "Every run:",
         table(["repeat", "system", "steps/s", "vs plain", "final return (last 100 episodes)", "episodes in record",
-               "learn s", "process wall s", "weights equal on all ranks", "load before"], rows),
-        "",
-    ]
-    (args.out / "results.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+               "learn s", "process wall s", "weights equal on all ranks", "load before"], rows)])
+    write_results(args.out, runs, body, wall_s, ", ".join(f"{r['system']}: {r['load_before']:.2f}" for r in runs),
+                  about, f"Stable-Baselines3 PPO on {args.env}: plain, SubprocVecEnv and mpi_util.sb3")
     plot(curves, args.out / "sb3_mpi.png", args.env)
     return 0
 
@@ -211,4 +181,4 @@ def plot(curves: list[dict[str, Any]], path: Path, env_id: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

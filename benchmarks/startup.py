@@ -1,20 +1,10 @@
-"""Start-up time and memory per rank of train.py, for two or more checkouts side by side.
+"""Start-up time and memory per rank of train.py, for two or more checkouts side by side (benchmarks/README.md,
+section "Start-up and memory per rank").
 
-A variant is ``NAME=TREE``: the checkout whose ``train.py`` (and, since Python puts the script's directory first on
-``sys.path``, whose ``mpi_util`` and ``algos``) is run. For example, against the commit before workers stopped
-importing TensorFlow::
-
-    git worktree add /tmp/tree_3fdb4fb 3fdb4fb
-    .venv/bin/python benchmarks/startup.py before=/tmp/tree_3fdb4fb after=. --nprocs 8 --repeats 3
-
-Each run is ``python TREE/train.py ENV --nprocs N --total_steps B`` from the repository root. While it runs, every
-process of the job is sampled every 50 ms: its rank (PMI_RANK in its environment) and its peak resident memory
-(VmHWM). Reported per variant, as medians over the repeats: seconds from launch to the first iteration's line on
-stdout, rank 0's peak memory, a worker's peak memory (the median over ranks 1..N-1), the whole job's (the sum over
-ranks), and the steps/s of the console line (the median of iterations after the first two). The variants run in an
-order that alternates from repeat to repeat; ratios are taken within a repeat.
-
-Writes runs.csv and results.md to ``--out`` (default benchmarks/results/startup/) and prints the table.
+A variant is ``NAME=TREE``: the checkout whose train.py (and, since Python puts the script's folder first on the
+module path, whose mpi_util and algos) runs. Every process of the job is sampled every 50 ms for its rank
+(PMI_RANK) and peak resident memory (VmHWM); variants alternate in order from repeat to repeat and ratios pair runs
+of the same repeat. Writes runs.csv and results.md to ``--out``.
 """
 
 from __future__ import annotations
@@ -34,9 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scaling import fmt, load_average, median, table, write_results
+from harness import REPO, RESULTS, fmt, load_average, median, table, write_results
 
-REPO = Path(__file__).resolve().parent.parent
 FIRST_ITERATION = re.compile(r"^\s+1\s+\d+\s")
 
 
@@ -135,7 +124,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--total_steps", type=int, default=20480, help="steps per run (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per run (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "startup",
+    parser.add_argument("--out", type=Path, default=RESULTS / "startup",
                         help="where runs.csv and results.md go (default: %(default)s)")
     return parser.parse_args()
 
@@ -185,9 +174,10 @@ def main() -> int:
     about = (f"- runs: `TREE/train.py {args.env} --nprocs {args.nprocs} --total_steps {args.total_steps}`; "
              + "; ".join(f"{name} = {tree}" for name, tree in variants)
              + f"; {args.repeats} interleaved repeat(s); medians, ratios per repeat (in repeat order)")
-    write_results(args.out, runs, text, about, time.monotonic() - started, "variant")
+    loads = ", ".join(f"r{r['repeat']} {r['variant']}: {r['load_before']:.2f}" for r in runs)
+    write_results(args.out, runs, text, time.monotonic() - started, loads, [about])
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

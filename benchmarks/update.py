@@ -1,34 +1,14 @@
-"""Rank 0's PPO update alone, side by side: this checkout against an older commit, and each speed lever turned off.
+"""Rank 0's PPO update alone, side by side: this checkout against an older commit, and each speed lever turned off
+(benchmarks/README.md, section update.py).
 
-    .venv/bin/python benchmarks/update.py --baseline f218846 --repeats 3
-
-Every variant runs in its own process: the ActorCritic of Walker2d-v5 (17 observations, 6 actions, 64x64 networks),
-PPO with the default hyperparameters (10 epochs of minibatches of 64, Adam 3e-4) but target_kl=None so that every
-update runs all 10 epochs (equal work), on one fixed batch of 2,048 random rows. Two warm-up updates (the first one
-traces the graphs), then ``--updates`` timed ones; the variant's figure is their median. ``--between rollout`` runs
-1,024 steps of Walker2d-v5 before each timed update, as rank 0 rolls out between its updates in train.py: an update
-that follows other work is slower than one that follows an update. ``--between idle`` sleeps as long as that rollout
-takes instead, to tell the rollout's own cost from that of the time the learner sat unused. The variants run in an order
-that alternates from repeat to repeat, and the ratios to the baseline pair runs of the same repeat.
-
-Variants (the levers of algos/ppo.py, algos/adam.py and train.py's Learner, turned off one at a time by patching
-this checkout in the child process, nothing else changed):
-
-- BASELINE: ``git archive BASELINE algos mpi_util`` run as train.py ran it then (intra-op threads = CPUs, 2 inter-op,
-  oneDNN on);
-- now: this checkout as train.py runs it (1 intra-op thread, inter-op min(2, CPUs), TF_ENABLE_ONEDNN_OPTS=0);
-- now, Keras Adam: keras.optimizers.Adam instead of the fused kernel (FusedAdam);
-- now, graph loop: an epoch's minibatch steps in a tf.range loop instead of unrolled;
-- now, intra-op = CPUs: train.py's thread settings before;
-- now, oneDNN on: TensorFlow's default;
-- now, XLA step (a lever tried, not kept): each minibatch step compiled with jit_compile=True;
-- now, single-threaded executor (a lever tried, not kept): the update's graphs run by TensorFlow's
-  SINGLE_THREADED_EXECUTOR, every op in order on the calling thread, instead of the default executor.
-
-Tried and removed because it did not pay (benchmarks/results/update_levers/): the networks as raw matmul/bias_add/tanh
-ops instead of calls of the Keras models, 1.02, 0.94 and 1.04x the time with them.
-
-Writes runs.csv and results.md to ``--out`` (default benchmarks/results/update/) and prints the table.
+Every variant runs in its own process: Walker2d-v5's ActorCritic, PPO with the default hyperparameters but
+target_kl=None (every update runs all 10 epochs), one fixed batch of 2,048 random rows; two warm-up updates, then the
+median of ``--updates`` timed ones, each after ``--between``: nothing, a 1,024-step rollout (as in train.py) or a
+sleep as long. BASELINE is ``git archive BASELINE algos mpi_util`` run as train.py ran it then (intra-op threads =
+CPUs, oneDNN on). The levers (algos/ppo.py, algos/adam.py, train.py's Learner), turned off one at a time by patching
+this checkout in the child: keras_adam, graph_loop (an epoch as a tf.range loop instead of unrolled), intra_all
+(intra-op threads = CPUs), onednn_on. Variants alternate in order from repeat to repeat; ratios pair runs of the same
+repeat. Writes runs.csv and results.md to ``--out``.
 """
 
 from __future__ import annotations
@@ -45,17 +25,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scaling import fmt, load_average, median, table, write_results
+from harness import REPO, RESULTS, fmt, load_average, median, table, write_results
 
-REPO = Path(__file__).resolve().parent.parent
 # Rank 0's share of a 2,048-step batch at --nprocs 2.
 ROLLOUT_STEPS = 1024
 # About how long rank 0 takes to roll out ROLLOUT_STEPS steps in train.py at --nprocs 2 on the 2-core machine.
 ROLLOUT_S = 0.1
-LEVERS = ("keras_adam", "graph_loop", "intra_all", "onednn_on", "xla_step", "single_threaded_executor")
+LEVERS = ("keras_adam", "graph_loop", "intra_all", "onednn_on")
 LABELS = {"keras_adam": "now, Keras Adam", "graph_loop": "now, graph loop", "intra_all": "now, intra-op = CPUs",
-          "onednn_on": "now, oneDNN on", "xla_step": "now, XLA step",
-          "single_threaded_executor": "now, single-threaded executor"}
+          "onednn_on": "now, oneDNN on"}
 
 
 def turn_off(lever: str) -> None:
@@ -87,31 +65,11 @@ def turn_off(lever: str) -> None:
             return sums / tf.cast((n + mb - 1) // mb, tf.float32)
 
         algos.ppo.PPO._train_epoch_fn = epoch
-    elif lever == "xla_step":
-        step = algos.ppo.PPO._minibatch_step
-        compiled: dict[int, Any] = {}
-
-        def jit_step(self: Any, *args: Any) -> Any:
-            if id(self) not in compiled:
-                compiled[id(self)] = tf.function(lambda *a: step(self, *a), jit_compile=True)
-            return compiled[id(self)](*args)
-
-        algos.ppo.PPO._minibatch_step = jit_step
-    elif lever == "single_threaded_executor":
-        update = algos.ppo.PPO.update
-
-        def update_on_one_thread(self: Any, *args: Any) -> Any:
-            with tf.experimental.function_executor_type("SINGLE_THREADED_EXECUTOR"):
-                return update(self, *args)
-
-        algos.ppo.PPO.update = update_on_one_thread
 
 
-def set_up_tensorflow(tree: Path, intra_threads: int) -> None:
-    """In a child process: the checkout at ``tree`` first on sys.path, and TensorFlow's threads as train.py sets them
-    (``intra_threads`` intra-op threads, inter-op min(2, CPUs), deterministic ops). TF_ENABLE_ONEDNN_OPTS must be in
-    the environment already."""
-    sys.path.insert(0, str(tree))
+def set_up_tensorflow(intra_threads: int) -> None:
+    """In a child process: TensorFlow's threads as train.py sets them (``intra_threads`` intra-op threads, inter-op
+    min(2, CPUs), deterministic ops). TF_ENABLE_ONEDNN_OPTS must be in the environment already."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import tensorflow as tf
 
@@ -159,10 +117,10 @@ def random_rollout(env: Any) -> None:
             env.reset()
 
 
-def child(tree: Path, intra_threads: int, lever: str, updates: int, between: str) -> None:
-    """Time ``updates`` PPO updates of the checkout at ``tree``, each after ``between``; print {"t_update": [s, ...]}
-    as JSON."""
-    set_up_tensorflow(tree, intra_threads)
+def child(intra_threads: int, lever: str, updates: int, between: str) -> None:
+    """Time ``updates`` PPO updates of the algos this process imports (the parent's PYTHONPATH picks the checkout),
+    each after ``between``; print {"t_update": [s, ...]} as JSON."""
+    set_up_tensorflow(intra_threads)
     if lever not in ("", "intra_all", "onednn_on"):
         turn_off(lever)
     ppo, batch = walker2d_ppo()
@@ -183,10 +141,12 @@ def child(tree: Path, intra_threads: int, lever: str, updates: int, between: str
 
 def run_variant(name: str, tree: Path, lever: str, intra: int, onednn: str, updates: int,
                 between: str) -> dict[str, Any]:
-    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn}
+    # PYTHONPATH puts the tree's algos and mpi_util on the module path after benchmarks/ (which has neither) and
+    # before site-packages, so they win over the editable install of this checkout.
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn, "PYTHONPATH": str(tree)}
     load = load_average()
     result = subprocess.run(
-        [sys.executable, __file__, "--child", str(tree), "--intra", str(intra), "--lever", lever,
+        [sys.executable, __file__, "--child", "--intra", str(intra), "--lever", lever,
          "--updates", str(updates), "--between", between],
         capture_output=True, text=True, env=env, timeout=600, check=False)
     if result.returncode != 0:
@@ -208,9 +168,9 @@ def parse_args() -> argparse.Namespace:
                              f"({ROLLOUT_STEPS:,} random-action steps of Walker2d-v5, as rank 0 rolls out between "
                              f"updates in train.py) or idle (a {ROLLOUT_S} s sleep, about that rollout's time) "
                              "(default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "update",
+    parser.add_argument("--out", type=Path, default=RESULTS / "update",
                         help="where runs.csv and results.md go (default: %(default)s)")
-    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--intra", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--lever", default="", help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -218,8 +178,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    if args.child is not None:
-        child(args.child, args.intra, args.lever, args.updates, args.between)
+    if args.child:
+        child(args.intra, args.lever, args.updates, args.between)
         return 0
     levers = [lever for lever in args.levers.split(",") if lever]
     unknown = sorted(set(levers) - set(LEVERS))
@@ -266,9 +226,10 @@ def main() -> int:
     about = (f"- each run: PPO update of Walker2d's ActorCritic on a fixed 2,048-row batch, 10 epochs x 32 "
              f"minibatches, target_kl off; median of {args.updates} updates after 2 warm-up ones, each after "
              f"{between}; {args.repeats} interleaved repeats")
-    write_results(args.out, runs, text, about, time.monotonic() - started, "variant")
+    loads = ", ".join(f"r{r['repeat']} {r['variant']}: {r['load_before']:.2f}" for r in runs)
+    write_results(args.out, runs, text, time.monotonic() - started, loads, [about])
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,22 +1,9 @@
-"""train.py variants side by side: interleaved runs of each variant at each --nprocs, and their ratios.
+"""train.py variants side by side: interleaved runs of each variant at each --nprocs, and their ratios
+(benchmarks/README.md, section variants.py).
 
-A variant is ``NAME=ARGS``: ARGS are extra train.py arguments, except words of the form ``VAR=value``, which go to
-the run's environment. The first variant is the baseline. For example::
-
-    .venv/bin/python benchmarks/variants.py --nprocs 2 8 --repeats 3 "poll=MPI_UTIL_WAIT=poll" "doorbell="
-    .venv/bin/python benchmarks/variants.py --nprocs 2 8 --repeats 3 "even=" "shared=--batch_split shared"
-
-To run another checkout's ``mpi_util`` and ``algos`` (a worktree of an older commit, say), give the variant the
-words ``PYTHONSAFEPATH=1 PYTHONPATH=/path/to/tree``: without ``PYTHONSAFEPATH`` Python puts train.py's own directory
-(this checkout) first on ``sys.path`` and ``PYTHONPATH`` changes nothing.
-
-Each run is ``train.py ENV --nprocs N --total_steps B`` plus the variant, summarized as benchmarks/scaling.py does
-(steps/s and the time split per iteration after the warm-up). Within a repeat the variants run back to back at each
-N, in an order that alternates from repeat to repeat, so the load of a shared machine hits them alike; the ratio
-variant / baseline is taken within a repeat, then the median over repeats.
-
-Writes runs.csv (every run) and results.md (the table, with command, machine, date and load averages) to ``--out``
-(default benchmarks/results/variants/) and prints the table.
+A variant is ``NAME=ARGS``: extra train.py arguments, with words ``VAR=value`` going to the run's environment; the
+first is the baseline. Another checkout's mpi_util and algos run with ``PYTHONSAFEPATH=1 PYTHONPATH=/path/to/tree``.
+Ratios to the baseline pair runs of the same repeat; the table gives medians. Writes runs.csv and results.md.
 """
 
 from __future__ import annotations
@@ -25,27 +12,13 @@ import argparse
 import os
 import shlex
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scaling import (
-    TIME_KEYS,
-    fmt,
-    load_average,
-    machine_lines,
-    median,
-    pretty_command,
-    run_train,
-    summarize_run,
-    table,
-    write_csv,
-)
-
-REPO = Path(__file__).resolve().parent.parent
+from harness import RESULTS, TIME_KEYS, fmt, load_average, median, run_train, summarize_run, table, write_results
 
 
 def parse_variant(text: str) -> tuple[str, list[str], dict[str, str]]:
@@ -63,20 +36,6 @@ def parse_variant(text: str) -> tuple[str, list[str], dict[str, str]]:
     return name, args, env
 
 
-def run_variant(env_id: str, nprocs: int, total_steps: int, workdir: Path, timeout_s: float, args: list[str],
-                env: dict[str, str]) -> Any:
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        return run_train(env_id, nprocs, total_steps, workdir, timeout_s, args)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variants", nargs="+", help="NAME=ARGS, the first is the baseline (see above)")
@@ -88,7 +47,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "(default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=2, help="first iterations left out (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take (default: %(default)s)")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "variants"),
+    parser.add_argument("--out", default=str(RESULTS / "variants"),
                         help="output directory (default: %(default)s)")
     return parser.parse_args(argv)
 
@@ -99,10 +58,7 @@ def main() -> int:
     names = [name for name, _, _ in variants]
     if len(set(names)) != len(names) or len(variants) < 2:
         raise SystemExit("variants.py: error: give at least two variants with different names")
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
-    command = pretty_command()
     workroot = Path(tempfile.mkdtemp(prefix="bench_variants_", dir="/tmp"))
     started = time.perf_counter()
     runs: list[dict[str, Any]] = []
@@ -113,8 +69,8 @@ def main() -> int:
                 for name, train_args, env in order:
                     print(f"variants: repeat {repeat + 1}/{args.repeats}, {nprocs} processes, {name} "
                           f"(load {load_average():.2f}) ...", flush=True)
-                    run = run_variant(args.env, nprocs, args.total_steps, workroot / f"r{repeat}_n{nprocs}_{name}",
-                                      args.timeout, train_args, env)
+                    run = run_train(args.env, nprocs, args.total_steps, workroot / f"r{repeat}_n{nprocs}_{name}",
+                                    args.timeout, train_args, env)
                     summary = {"variant": name, "repeat": repeat + 1,
                                **summarize_run(run, args.warmup, tail=1, cores=cores)}
                     runs.append(summary)
@@ -122,7 +78,6 @@ def main() -> int:
                           + " ".join(f"{key[2:]} {summary[key]:.4f}" for key in TIME_KEYS), flush=True)
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
-    wall_s = time.perf_counter() - started
 
     by_key = {(r["variant"], r["repeat"], r["nprocs"]): r for r in runs}
     rows = []
@@ -133,23 +88,18 @@ def main() -> int:
             rows.append([nprocs, name, fmt(median([r["steps_per_s"] for r in mine])),
                          *(fmt(median([r[key] for r in mine]), 4) for key in TIME_KEYS),
                          f"{median(ratios):.2f}x", ", ".join(f"{x:.2f}" for x in ratios)])
-    write_csv(out / "runs.csv", runs)
     loads = ", ".join(f"r{r['repeat']} n{r['nprocs']} {r['variant']}: {r['load_before']:.2f}" for r in runs)
-    header = machine_lines(command, wall_s, loads)
-    header.insert(1, f"- runs: `train.py {args.env} --nprocs N --total_steps {args.total_steps}` plus each variant: "
-                  + "; ".join(f"{name}: `{shlex.join(a) or '(nothing)'}`"
-                              + (f" with {' '.join(f'{k}={v}' for k, v in e.items())}" if e else "")
-                              for name, a, e in variants)
-                  + f"; {args.repeats} interleaved repeat(s); warm-up {args.warmup} iteration(s) left out")
-    markdown = "\n".join(header) + "\n\nMedians over repeats (seconds per iteration, rank 0); ratio = steps/s / the " \
-        f"baseline's ({names[0]}), paired within a repeat:\n\n" + table(
-            ["nprocs", "variant", "steps/s", "rollout", "gather", "update", "bcast", f"vs {names[0]}",
-             "ratio per repeat"], rows) + "\n"
-    (out / "results.md").write_text(markdown)
-    print()
-    print(markdown)
+    about = [f"- runs: `train.py {args.env} --nprocs N --total_steps {args.total_steps}` plus each variant: "
+             + "; ".join(f"{name}: `{shlex.join(a) or '(nothing)'}`"
+                         + (f" with {' '.join(f'{k}={v}' for k, v in e.items())}" if e else "")
+                         for name, a, e in variants)
+             + f"; {args.repeats} interleaved repeat(s); warm-up {args.warmup} iteration(s) left out"]
+    body = (f"Medians over repeats (seconds per iteration, rank 0); ratio = steps/s / the baseline's ({names[0]}), "
+            "paired within a repeat:\n\n" + table(["nprocs", "variant", "steps/s", "rollout", "gather", "update",
+                                                   "bcast", f"vs {names[0]}", "ratio per repeat"], rows))
+    write_results(Path(args.out).resolve(), runs, body, time.perf_counter() - started, loads, about)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

