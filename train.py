@@ -30,7 +30,7 @@ try:
 except ImportError as error:  # no MPI library: say so in one line, not a traceback
     print(f"train.py: error: {error}", file=sys.stderr)
     sys.exit(2)
-from mpi_util.supervise import check_process_room  # noqa: E402
+from mpi_util.supervise import JOB_DIR_VARIABLE, check_process_room  # noqa: E402
 from trainer.config import TrainConfig, build_config, check_config  # noqa: E402
 from trainer.counters import Counters  # noqa: E402
 from trainer.job import actor_state_to_receive, job_resources, make_rollout_worker, share_of_batch  # noqa: E402
@@ -38,7 +38,7 @@ from trainer.learner import Learner, check_sync  # noqa: E402
 from trainer.options import RL_MODULES, WORKER_MODULES, launch_settings, missing_modules  # noqa: E402
 from trainer.options import parse_args as parse_options  # noqa: E402
 from trainer.resume import as_numpy, checkpoint, restart_from_newest_checkpoint, restore, resume_note  # noqa: E402
-from trainer.run_dir import RUN_DIR_VARIABLE, lock_run_dir, prepare_run_dir  # noqa: E402
+from trainer.run_dir import lock_run_dir, prepare_run_dir  # noqa: E402
 from trainer.stop import StopRequest  # noqa: E402
 
 RANK0_REPORT_S = 30.0  # how long a rank that saw another stall leaves rank 0 to end the job, saying why
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     if mpi_util.under_mpi_launcher():
-        if args.max_restarts and RUN_DIR_VARIABLE not in os.environ:  # not set: no train.py launched this job
+        if args.max_restarts and JOB_DIR_VARIABLE not in os.environ:  # mpi_fork sets it: not train.py's own job
             mpi_util.print0("train.py: note: --max_restarts is ignored under a launcher (mpiexec, mpirun or srun); "
                             "train.py restarts only a job it launched itself (python train.py ... --nprocs N)",
                             file=sys.stderr)
@@ -71,7 +71,7 @@ def main() -> int:
         launch = launch_settings(args, config.nprocs)
         if config.nprocs > 1 and "hostfile" not in launch:
             check_process_room(config.nprocs)  # before the run directory exists: a refused job leaves nothing
-        run_dir = prepare_run_dir(run_dir, args.logdir, new=not resuming and RUN_DIR_VARIABLE not in os.environ)
+        run_dir = prepare_run_dir(run_dir, args.logdir, new=not resuming and args.run_dir is None)
         lock_run_dir(run_dir).release()  # in use by another job: RunDirInUseError; rank 0 locks it for the run
     except (ValueError, OSError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
@@ -80,9 +80,10 @@ def main() -> int:
     if early_stop_signals:  # stopped before the job started: nothing to keep
         print(f"train.py: stopped by signal {early_stop_signals[0]} before training started", file=sys.stderr)
         return 0
-    os.environ[RUN_DIR_VARIABLE] = str(run_dir)
+    ranks_args = [*sys.argv[1:], "--run_dir", str(run_dir)]  # the ranks write the directory made here
     try:
-        fork = mpi_util.mpi_fork(config.nprocs, on_failure=restart_from_newest_checkpoint(run_dir), **launch)
+        fork = mpi_util.mpi_fork(config.nprocs, on_failure=restart_from_newest_checkpoint(run_dir, ranks_args),
+                                 args=ranks_args, **launch)
     except ValueError as error:  # more processes than this host allows
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
@@ -95,7 +96,7 @@ def main_in_rank(args: argparse.Namespace) -> int:
     """A rank started by mpiexec, mpirun or srun (mpi_fork's, or the user's): rank 0 alone reads and checks the
     configuration and the run directory, and hands them to the others, so that hosts that share no filesystem with
     rank 0 need nothing from it; a problem seen on any rank ends the whole job at once, naming the rank and host."""
-    mpi_util.mpi_fork(mpi_util.nworkers)  # no relaunch: an uncaught exception on any rank now aborts the job
+    mpi_util.init()  # an uncaught exception on any rank now ends the job, naming the rank
     rank = mpi_util.rank
     missing = missing_modules(RL_MODULES if rank == 0 and not args.play else WORKER_MODULES)
     if missing:
@@ -115,8 +116,8 @@ def main_in_rank(args: argparse.Namespace) -> int:
             if config.nprocs != mpi_util.nworkers:  # the launcher's count wins
                 config.nprocs = mpi_util.nworkers
                 check_config(config)
-            # Under mpi_fork its parent made the directory; under an outside launcher rank 0 makes it here.
-            run_dir = prepare_run_dir(run_dir, args.logdir, new=not resuming and RUN_DIR_VARIABLE not in os.environ)
+            # Under mpi_fork its launching process made the directory (--run_dir); else rank 0 makes it here.
+            run_dir = prepare_run_dir(run_dir, args.logdir, new=not resuming and args.run_dir is None)
             setup = (config, run_dir, resuming)
         except (ValueError, OSError) as error:
             setup = f"train.py: error: {error}"

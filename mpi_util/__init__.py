@@ -34,7 +34,7 @@ from .budget import SharedBudget
 from .cpus import cpus_available
 from .gather import BatchMismatchError, gather_objects, rank0_accum_batches
 from .gpu import check_gpu_pct, gpu_for_rank, setup_gpu, tf_config
-from .launch import ForkResult, MpiexecNotFoundError, find_mpiexec, mpi_fork, under_mpi_launcher
+from .launch import ForkResult, MpiexecNotFoundError, find_mpiexec, init, mpi_fork, under_mpi_launcher
 from .process import abort, install_abort_on_exception, local_rank, nworkers, print0, rank, stdout_is_terminal
 from .reduce import all_mean, all_sum
 from .running_stats import Moments, SharedRunningStats, merge_moments, read_moments, write_moments
@@ -71,6 +71,7 @@ __all__ = [
     "find_mpiexec",
     "gather_objects",
     "gpu_for_rank",
+    "init",
     "heartbeat",
     "install_abort_on_exception",
     "local_rank",

@@ -195,7 +195,8 @@ def mpiexec_command(n: int, program: Sequence[str], mpiexec_args: Sequence[str] 
 
 def mpi_fork(n: int, gpu_pct: float = 0.0, mpiexec_args: Sequence[str] = (), mpiexec: str | None = None,
              hostfile: str | None = None, max_restarts: int = 0,
-             on_failure: Callable[[JobFailure], Sequence[str] | None] | None = None) -> ForkResult:
+             on_failure: Callable[[JobFailure], Sequence[str] | None] | None = None,
+             args: Sequence[str] | None = None) -> ForkResult:
     """Relaunch the running script as ``n`` MPI ranks and wait for them.
 
     Returns "child" in each rank (and, without relaunching, when n == 1 or when a launcher such as mpiexec,
@@ -237,6 +238,9 @@ def mpi_fork(n: int, gpu_pct: float = 0.0, mpiexec_args: Sequence[str] = (), mpi
         on_failure: called before each restart with a ``JobFailure``; returns the arguments to run the script with
             this time (what follows the script's name), or None to end without restarting; it says what it does.
             Default: the same arguments, said as "mpi_util: CAUSE; restarting (restart 1 of K)".
+        args: the arguments the ranks run the script with (what follows its name); default this process's own,
+            ``sys.argv[1:]``. The launching process hands the ranks what it decided this way (train.py: the run
+            directory it made).
 
     Returns:
         A ``ForkResult``, a string: "child" in a rank, "parent" (with ``.returncode``, the job's exit status) in the
@@ -255,7 +259,7 @@ def mpi_fork(n: int, gpu_pct: float = 0.0, mpiexec_args: Sequence[str] = (), mpi
         return ForkResult("child")
     _check_fork_arguments(n, gpu_pct, mpiexec_args, max_restarts)
     if under_mpi_launcher():
-        _start_rank()
+        init()
         return ForkResult("child")
     release_own_shared_memory()
     if n == 1:
@@ -265,7 +269,8 @@ def mpi_fork(n: int, gpu_pct: float = 0.0, mpiexec_args: Sequence[str] = (), mpi
     open_mpi = mpi_library_is_open_mpi()
     launcher = mpiexec or find_mpiexec()
     env = _job_environment(gpu_pct, open_mpi)
-    returncode = _run_with_restarts(n, launcher, open_mpi, env, mpiexec_args, hostfile, max_restarts, on_failure)
+    returncode = _run_with_restarts(n, launcher, open_mpi, env, mpiexec_args, hostfile, max_restarts, on_failure,
+                                    args)
     return ForkResult("parent", returncode)
 
 
@@ -283,9 +288,24 @@ def _check_fork_arguments(n: int, gpu_pct: float, mpiexec_args: Sequence[str], m
         raise ValueError(f"mpi_fork: max_restarts must be an integer >= 0, got {max_restarts!r}")
 
 
-def _start_rank() -> None:
-    """In a rank a launcher started: what every rank sets up before the user's script goes on (an uncaught exception
-    ends the job, Open MPI's local ranks, the stop signals' stand-ins, the rank's record for the launching process)."""
+_initialized = False
+
+
+def init() -> None:
+    """Set this process up as a rank of the job a launcher (mpiexec, mpirun, srun) started: an uncaught exception
+    then ends the whole job, naming the rank; Open MPI's local ranks are settled; the stop signals mpi_fork's launching
+    process sends (SIGUSR1, SIGUSR2) turn back into SIGINT and SIGTERM; and the rank reports to that process, which
+    names a failed rank and its host. ``mpi_fork`` calls it in each rank; call it yourself when your script does not
+    call ``mpi_fork`` but a launcher starts it. Does nothing outside a launcher, in a multiprocessing child of a
+    rank, or when called again.
+
+    Raises:
+        mpi4py.MPI.Exception: the MPI library fails to start.
+    """
+    global _initialized
+    if _initialized or in_child_of_rank or not under_mpi_launcher():
+        return
+    _initialized = True
     install_abort_on_exception()
     settle_local_rank()
     if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
@@ -341,10 +361,11 @@ class _StopForwarder:
 
 def _run_with_restarts(n: int, launcher: str, open_mpi: bool, env: dict[str, str], mpiexec_args: Sequence[str],
                        hostfile: str | None, max_restarts: int,
-                       on_failure: Callable[[JobFailure], Sequence[str] | None] | None) -> int:
+                       on_failure: Callable[[JobFailure], Sequence[str] | None] | None,
+                       args: Sequence[str] | None) -> int:
     """Run the job, and run it again after a failure up to ``max_restarts`` times (see ``mpi_fork``); the last
     run's exit status. A stop request, exit status 0 or 2, or ``on_failure`` returning None ends the runs."""
-    program_args: Sequence[str] | None = None
+    program_args = args
     with _StopForwarder(open_mpi) as stop:
         for restart in range(max_restarts + 1):
             returncode, failure = _run_job(n, launcher, open_mpi, env, _this_program(program_args), mpiexec_args,
@@ -355,21 +376,22 @@ def _run_with_restarts(n: int, launcher: str, open_mpi: bool, env: dict[str, str
                 left = f"; no restarts left ({max_restarts} made)" if max_restarts and returncode != 2 else ""
                 print(f"mpi_util: {failure}{left}", file=sys.stderr, flush=True)
                 break
-            program_args = _restart_arguments(JobFailure(returncode, failure, restart + 1, max_restarts), on_failure)
+            program_args = _restart_arguments(JobFailure(returncode, failure, restart + 1, max_restarts), on_failure,
+                                              args)
             if program_args is None:
                 break
     return returncode
 
 
-def _restart_arguments(failed: JobFailure,
-                       on_failure: Callable[[JobFailure], Sequence[str] | None] | None) -> Sequence[str] | None:
+def _restart_arguments(failed: JobFailure, on_failure: Callable[[JobFailure], Sequence[str] | None] | None,
+                       args: Sequence[str] | None) -> Sequence[str] | None:
     """The arguments to run the script with after ``failed``: ``on_failure``'s answer (None: no restart), or by
-    default the script's own arguments, said in one line on stderr."""
+    default the first run's (``args``, or the script's own), said in one line on stderr."""
     if on_failure is not None:
         return on_failure(failed)
     print(f"mpi_util: {failed.cause}; restarting (restart {failed.restart} of {failed.max_restarts})",
           file=sys.stderr, flush=True)
-    return sys.argv[1:]
+    return sys.argv[1:] if args is None else args
 
 
 # Launcher flags that put ranks on other hosts (MPICH's hydra, Open MPI): this host's limits then do not apply.

@@ -145,17 +145,17 @@ def test_train_across_hosts_learns_resumes_and_logs_what_one_host_logs(two_hosts
     # 4, which starts the ranks through mpi_fork, the update's statistics differ in about the 8th digit, on one host
     # as well as across hosts; the rollouts agree.)
     common = ["CartPole-v1", "--total_steps", "8192", "--checkpoint_every", "2", "--seed", "3"]
-    # The run directories at known paths (mpi_fork passes the run directory to its ranks this way).
-    command, settings = one_host_launcher("-n", "4", sys.executable, TRAIN, *common, "--logdir", str(tmp_path))
-    one_host = run_bounded(command, 240, {**settings, "MPI_BATCH_RL_RUN_DIR": str(tmp_path / "one")})
+    # The run directories at known paths.
+    command, settings = one_host_launcher("-n", "4", sys.executable, TRAIN, *common, "--run_dir", str(tmp_path / "one"))
+    one_host = run_bounded(command, 240, settings)
     assert one_host.returncode == 0, one_host.stderr[-3000:]
     rows = progress(tmp_path / "one")
     assert len(rows) == 4
     episodes_by_2 = int(rows[1]["total_episodes"])
 
     run_dir = tmp_path / "across"
-    part = [TRAIN, *common, "--num_episodes", str(episodes_by_2), "--logdir", str(tmp_path)]
-    code, out, err = across(two_hosts, launcher, part, 240, {"MPI_BATCH_RL_RUN_DIR": str(run_dir)})
+    part = [TRAIN, *common, "--num_episodes", str(episodes_by_2), "--run_dir", str(run_dir)]
+    code, out, err = across(two_hosts, launcher, part, 240)
     assert code == 0, err[-3000:]
     assert len(progress(run_dir)) == 2
     code, out, err = across(two_hosts, launcher, [TRAIN, "--resume", str(run_dir), "--num_episodes", "1000000"], 240)
@@ -178,8 +178,7 @@ def test_train_and_resume_across_hosts_that_share_no_filesystem(hosts_sharing_no
     hosts, logs = hosts_sharing_nothing, tmp_path / "logs"
     run_dir = logs / "run"
     common = ["CartPole-v1", "--batch_size", "1024", "--checkpoint_every", "1", "--logdir", str(logs)]
-    code, _, err = across(hosts, launcher, [TRAIN, *common, "--total_steps", "2048"], 120,
-                          {"MPI_BATCH_RL_RUN_DIR": str(run_dir)})
+    code, _, err = across(hosts, launcher, [TRAIN, *common, "--total_steps", "2048", "--run_dir", str(run_dir)], 120)
     assert code == 0, err[-3000:]
     started = time.monotonic()
     code, out, err = across(hosts, launcher, [TRAIN, "--resume", str(run_dir), "--total_steps", "4096"], 120)

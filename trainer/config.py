@@ -10,7 +10,6 @@ import argparse
 import difflib
 import json
 import math
-import os
 import re
 from collections.abc import Callable
 from dataclasses import Field, dataclass, field, fields
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from algos.registry import ALGORITHMS
-from trainer.run_dir import RUN_DIR_VARIABLE, run_dir_name
+from trainer.run_dir import run_dir_name
 
 ALGORITHM_DEFAULT = None
 """The default of a setting the algorithm owns (algos.registry.AlgorithmSpec.defaults): filled in by build_config."""
@@ -204,7 +203,7 @@ def explicit_settings(args: argparse.Namespace) -> dict:
 
 def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
     """The run's config, its directory, and whether it resumes; ValueError with a one-line reason if bad."""
-    from trainer.checkpoint import CheckpointError, load_latest_checkpoint
+    from trainer.checkpoint import CheckpointError, list_checkpoints, load_latest_checkpoint
 
     given = explicit_settings(args)
     if args.resume:
@@ -235,9 +234,13 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
         fill_algorithm_defaults(config, given)
         if config.policy_lag and "batch_split" not in given:
             config.batch_split = "shared"  # with even shares rank 0 rolls out its own after the update: no gain
-        # Only a name: rank 0 creates it (create_run_dir), which is what makes it unique.
-        run_dir = Path(os.environ.get(RUN_DIR_VARIABLE)
-                       or Path(args.logdir) / run_dir_name(config.env_id, config.algo, config.seed))
+        if args.run_dir:
+            run_dir = Path(args.run_dir)
+            if list_checkpoints(run_dir / "checkpoints"):
+                raise ValueError(f"--run_dir {run_dir} holds a run's checkpoints: continue it with --resume "
+                                 f"{run_dir}, or name another directory")
+        else:  # only a name: creating it (create_run_dir) is what makes it unique
+            run_dir = Path(args.logdir) / run_dir_name(config.env_id, config.algo, config.seed)
     check_config(config)
     return config, run_dir, bool(args.resume)
 

@@ -89,6 +89,10 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                              "newest checkpoint, at most K times; ignored under a launcher (default: %(default)s)")
     launch.add_argument("--logdir", type=str, default="runs",
                         help="directory that holds the run directories (default: %(default)s)")
+    launch.add_argument("--run_dir", type=str, metavar="DIR",
+                        help="the run's directory, instead of a new one under --logdir: it is made if missing, and "
+                             "one that holds checkpoints is refused (continue it with --resume DIR); a job that "
+                             "restarts or requeues itself names the same DIR each time")
     launch.add_argument("--resume", type=str, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its newest good checkpoint; --nprocs, --gpu_pct, the "
                              "budget (--total_steps, --num_episodes), --checkpoint_every, --check_sync, "

@@ -80,9 +80,10 @@ def checkpoint(run_dir: Path, learner: Learner | None, counters: Counters, worke
                        f"{kept[-1].name if kept else 'none'}, is untouched")
 
 
-def restart_from_newest_checkpoint(run_dir: Path) -> Callable[[mpi_util.JobFailure], list[str]]:
-    """mpi_fork's on_failure for --max_restarts: this command again, resuming RUN_DIR from its newest checkpoint
-    (or from the start when it has none yet; the run directory stays the same), said in one line."""
+def restart_from_newest_checkpoint(run_dir: Path, args: list[str]) -> Callable[[mpi_util.JobFailure], list[str]]:
+    """mpi_fork's on_failure for --max_restarts: the ranks' arguments ``args`` again, resuming RUN_DIR from its
+    newest checkpoint (or from the start when it has none yet; ``args`` name the same run directory), said in one
+    line."""
     def restart(failure: mpi_util.JobFailure) -> list[str]:
         from trainer.checkpoint import list_checkpoints
 
@@ -90,7 +91,7 @@ def restart_from_newest_checkpoint(run_dir: Path) -> Callable[[mpi_util.JobFailu
         print(f"train.py: {failure.cause}; restarting "
               + (f"from checkpoint {kept[-1].stem}" if kept else "from the start (no checkpoint yet)")
               + f" (restart {failure.restart} of {failure.max_restarts})", file=sys.stderr, flush=True)
-        return [*sys.argv[1:], "--resume", str(run_dir)] if kept else sys.argv[1:]
+        return [*args, "--resume", str(run_dir)] if kept else args
 
     return restart
 

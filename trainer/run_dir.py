@@ -31,7 +31,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-RUN_DIR_VARIABLE = "MPI_BATCH_RL_RUN_DIR"  # the new run's directory for rank 0 (set by mpi_fork's parent)
 LOCK_FILE = ".lock"
 OWNER_FILE = ".lock-owner"
 # What flock raises where the filesystem does not support it: Lustre without -o flock (ENOSYS), NFS without a lock
