@@ -36,8 +36,8 @@ def play(run_dir: Path, episodes: int, video_path: str | None) -> int:
         print(f"train.py: warning: {warning}", file=sys.stderr)
     try:
         env = make_env(config, video_path)
-    except Exception as error:  # a renderer that cannot start raises any of several types
-        print(f"train.py: error: {render_problem(config['env_id'], error)}", file=sys.stderr)
+    except PlayError as error:
+        print(f"train.py: error: {error}", file=sys.stderr)
         return 2
     try:
         actor = NumpyActor.from_ac_state(state["ac_state"], tuple(config["hidden"]), is_discrete(env))
@@ -84,27 +84,41 @@ def check_play_inputs(run_dir: Path, episodes: int, video_path: str | None) -> s
     return None
 
 
+class PlayError(Exception):
+    """Why --play cannot go on, in one line."""
+
+
 def make_env(config: dict, video_path: str | None) -> Any:
     """The run's env, reset once, rendering offscreen when a video is recorded (its first frame is rendered here,
-    so that a renderer that cannot start fails before any episode is played)."""
+    so that a renderer that cannot start fails before any episode is played). PlayError says what went wrong."""
     import gymnasium
 
+    env_id = config["env_id"]
     render_mode = "rgb_array" if video_path else None
     if video_path and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
         os.environ["MUJOCO_GL"] = "egl"  # headless: no X display for MuJoCo's default GLFW backend
-    env = gymnasium.make(config["env_id"], render_mode=render_mode)
-    if video_path and has_tracking_camera(env):
-        # The default free camera stays where the episode started, and a walker leaves the picture.
-        env.close()
-        env = gymnasium.make(config["env_id"], render_mode=render_mode, camera_name="track")
-    env.reset(seed=config["seed"] + 10_000)
+    try:
+        env = gymnasium.make(env_id, render_mode=render_mode)
+        if video_path and has_tracking_camera(env):
+            # The default free camera stays where the episode started, and a walker leaves the picture.
+            env.close()
+            env = gymnasium.make(env_id, render_mode=render_mode, camera_name="track")
+        env.reset(seed=config["seed"] + 10_000)
+    except Exception as error:  # whatever the env's own code raises
+        hint = ("; is the module that registers it importable here (PYTHONPATH)?" if isinstance(error, ImportError)
+                else "; for --video its constructor must take render_mode" if video_path else "")
+        raise PlayError(f"cannot make {env_id}{' with render_mode=rgb_array' if video_path else ''} "
+                        f"({type(error).__name__}: {error}){hint}") from None
     if video_path:
-        env.render()
+        try:
+            env.render()
+        except Exception as error:  # a renderer that cannot start raises any of several types
+            raise PlayError(render_problem(env_id, error)) from None
     return env
 
 
 def render_problem(env_id: str, error: Exception) -> str:
-    """What to do when ``env_id`` cannot be made or rendered offscreen, in one line."""
+    """What to do when ``env_id`` cannot render offscreen, in one line."""
     import gymnasium
 
     if isinstance(error, gymnasium.error.DependencyNotInstalled):
