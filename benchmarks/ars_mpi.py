@@ -17,7 +17,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from harness import RESULTS, fmt, median, run_for_result, table, write_results
+from harness import fmt, median, options, run_for_result, table, write_results
 
 # mpi_util.sb3._ARS_PHASES, the keys of model._mpi.seconds (this driver does not import mpi_util: it launches MPI jobs)
 PHASES = ("candidates", "evaluate", "gather", "update", "broadcast")
@@ -112,17 +112,11 @@ def project(run: dict[str, Any], collective_s: float, ranks: int) -> dict[str, f
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", default="InvertedPendulum-v5", help="gymnasium env id (default: %(default)s)")
-    parser.add_argument("--total_steps", type=int, default=100_000, help="steps per run (default: %(default)s)")
+    parser = options(__doc__, "ars_mpi", env="InvertedPendulum-v5", total_steps=100_000, nprocs=[1, 2],
+                     timeout=600.0)
     parser.add_argument("--n_delta", type=int, default=8, help="directions per update (default: %(default)s)")
     parser.add_argument("--n_top", type=int, default=4, help="directions in each step (default: %(default)s)")
-    parser.add_argument("--nprocs", type=int, nargs="+", default=[1, 2],
-                        help="process counts of the mpi runs (default: %(default)s)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one round each (default: %(default)s)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds one run may take (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "ars_mpi",
-                        help="results directory (default: %(default)s)")
     parser.add_argument("--run", nargs=3, metavar=("KIND", "N", "SEED"), help=argparse.SUPPRESS)  # one run, internal
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -164,9 +158,6 @@ def main() -> int:
                 f"{median([r['vs_plain'] for r in of(kind, n)]):.2f}x",
                 " / ".join(f"{r['final_return']:.0f}" for r in sorted(of(kind, n), key=lambda r: r["seed"])),
                 f"{median([r['final_return'] for r in of(kind, n)]):.0f}"] for kind, n in configs]
-    rows = [[r["seed"], r["system"], r["steps"], r["updates"], fmt(r["steps_per_s"]), f"{r['vs_plain']:.2f}x",
-             f"{r['final_return']:.1f}", fmt(r["learn_s"], 1), fmt(r["process_wall_s"], 1),
-             "yes" if r["in_sync"] else "NO", f"{r['load_before']:.2f}"] for r in runs]
     split = []
     for n in args.nprocs:
         per_update = {p: median([r["seconds"][p] / r["updates"] * 1e3 for r in of("mpi", n)]) for p in PHASES}
@@ -191,9 +182,6 @@ def main() -> int:
         "Median over seeds (vs plain = steps/s over plain ARS's with the same seed); final return = the final "
         "policy's mean over 10 episodes, per seed and median:",
         table(["system", "steps/s", "vs plain", "final return per seed", "median"], summary),
-        "Every run:",
-        table(["seed", "system", "steps", "updates", "steps/s", "vs plain", "final return", "learn s",
-               "process wall s", "weights equal on all ranks", "load before"], rows),
         "Rank 0's milliseconds per update in each part (median over seeds); at 2 processes, 'gather' includes waiting "
         f"for the other rank to finish its share. Last column: the update's three collectives alone ({pop} x "
         "n_params float32 candidates out, each rank's returns and episodes in, the weights out), ranks arriving "

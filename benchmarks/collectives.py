@@ -1,8 +1,8 @@
 """mpi_util's collectives against plain mpi4py ones at 2, 4 and 8 ranks (benchmarks/README.md, section
 collectives.py): gathering an RL batch to rank 0, broadcasting policy + value weights, and the CPU a rank burns while
 it waits for rank 0. Every timed call starts right after all ranks are synchronized; medians over repetitions. The
-script launches itself under mpiexec once per rank count (``--worker-json``), then writes gather.csv, bcast.csv,
-waiting_cpu.csv and results.md to ``--out``. ``--quick`` is a smoke test.
+script launches itself under mpiexec once per rank count (``--worker-json``), then writes runs.csv (one row per
+measurement, its ``part`` naming the table) and results.md to ``--out``. ``--quick`` is a smoke test.
 """
 
 from __future__ import annotations
@@ -13,53 +13,36 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import RESULTS, failure, machine_lines, median, run_logged, table, write_csv
+from harness import RESULTS, failure, median, run_logged, table, write_results
 
 import mpi_util
 from mpi_util.collective import meet
 from mpi_util.process import COMM_WORLD
 
-DEFAULT_OUT = RESULTS / "collectives"
-
 # The RL batch: key -> trailing shape; all float32.
 BATCH_LAYOUT: dict[str, tuple[int, ...]] = {"obs": (17,), "act": (6,), "adv": (), "ret": ()}
 BYTES_PER_ROW = 4 * sum(int(np.prod(shape, dtype=np.int64)) for shape in BATCH_LAYOUT.values())
 
-GATHER_ROWS = (1_000, 10_000, 100_000, 1_000_000)
-# Repetitions per size: enough for a stable median, few where one call moves 100 MB.
+# Repetitions per gathered size: enough for a stable median, few where one call moves 100 MB.
 GATHER_REPS = {1_000: 40, 10_000: 30, 100_000: 15, 1_000_000: 7}
 BCAST_REPS = 40
 WARMUP = 2
 WAITING_ROWS = 10_000
+WORK_S = 2.0  # how long rank 0 works before the waited-for gather
 WORKER_TIMEOUT_S = 300
-
-GATHER_METHODS = ("mpi_util", "pickle", "raw_gatherv")
-BCAST_METHODS = ("mpi_util", "bcast_per_array", "pickle")
-WAIT_METHODS = ("mpi_util", "plain_gatherv", "plain_gather")
+# Waiting-CPU method -> the gather method it times; on the waiting ranks "raw_gatherv" is a plain Gatherv per key.
+WAIT_METHODS = {"mpi_util": "mpi_util", "plain_gatherv": "raw_gatherv"}
 WAITING_CPU_TARGET_S = 0.2
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Worker side: runs in every rank under mpiexec.
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def rows_of_rank(total_rows: int, r: int, size: int) -> int:
     """Rows rank r holds when total_rows are split as evenly as possible over size ranks."""
     return total_rows // size + (1 if r < total_rows % size else 0)
-
-
-def element_counts(total_rows: int, size: int) -> dict[str, list[int]]:
-    """{key: [number of array elements rank r sends, for r in range(size)]}, the counts a raw Gatherv needs."""
-    return {
-        key: [rows_of_rank(total_rows, r, size) * int(np.prod(shape, dtype=np.int64)) for r in range(size)]
-        for key, shape in BATCH_LAYOUT.items()
-    }
 
 
 def make_batch(n: int, seed: int) -> dict[str, np.ndarray]:
@@ -89,15 +72,16 @@ MODELS: dict[str, list[tuple[int, ...]]] = {
 
 
 class Worker:
-    """One rank's part of the benchmark; rank 0 collects every rank's timings."""
+    """One rank's part of the benchmark; rank 0 collects every rank's timings. ``quick``: rows up to 100k, a fifth
+    of the repetitions (at least 3), 0.5 s of work."""
 
-    def __init__(self, rows: Sequence[int], reps_scale: float, work_s: float) -> None:
+    def __init__(self, quick: bool) -> None:
         self.comm = COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        self.rows = list(rows)
-        self.reps_scale = reps_scale
-        self.work_s = work_s
+        self.rows = [rows for rows in GATHER_REPS if not quick or rows <= 100_000]
+        self.reps_scale = 0.2 if quick else 1.0
+        self.work_s = 0.5 if quick else WORK_S
 
     def sync(self) -> None:
         """Every rank arrives without spinning (so ranks done early leave the cores to rank 0), then a blocking
@@ -132,7 +116,9 @@ class Worker:
 
     def gather_methods(self, batch: dict[str, np.ndarray], total_rows: int) -> dict[str, Callable[[], Any]]:
         comm, is_root = self.comm, self.rank == 0
-        counts = element_counts(total_rows, self.size)
+        # The element counts of every rank per key, which a raw Gatherv needs.
+        counts = {key: [rows_of_rank(total_rows, r, self.size) * int(np.prod(shape, dtype=np.int64))
+                        for r in range(self.size)] for key, shape in BATCH_LAYOUT.items()}
 
         def with_mpi_util() -> dict[str, np.ndarray] | None:
             out = mpi_util.rank0_accum_batches(batch, comm=comm)
@@ -164,7 +150,7 @@ class Worker:
             if self.rank == 0:
                 parts = [make_batch(rows_of_rank(total_rows, r, self.size), seed=r) for r in range(self.size)]
                 expected = {key: np.concatenate([p[key] for p in parts]) for key in BATCH_LAYOUT}
-            reps = self.reps(GATHER_REPS.get(total_rows, 10))
+            reps = self.reps(GATHER_REPS[total_rows])
             for method, call in self.gather_methods(batch, total_rows).items():
                 self.sync()
                 result = call()
@@ -205,8 +191,7 @@ class Worker:
             reference = [rng.standard_normal(shape, dtype=np.float32) for shape in shapes]
             weights = [w.copy() for w in reference] if is_root else [np.zeros(s, np.float32) for s in shapes]
             received: list[list[np.ndarray]] = [weights]
-            methods = self.bcast_methods(weights, received)
-            for method, call in methods.items():
+            for method, call in self.bcast_methods(weights, received).items():
                 for w in weights:
                     if not is_root:
                         w[...] = 0
@@ -219,95 +204,44 @@ class Worker:
                 times = self.time_calls(call, self.reps(BCAST_REPS))
                 if is_root:
                     n_params = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
-                    records.append(
-                        {"model": model, "arrays": len(shapes), "params": n_params, "method": method,
-                         "reps": self.reps(BCAST_REPS), **times}
-                    )
+                    records.append({"model": model, "arrays": len(shapes), "params": n_params, "method": method,
+                                    **times})
         return records
 
     # -- 3. CPU while waiting ---------------------------------------------------------------------------------
 
     def bench_waiting_cpu(self) -> list[dict[str, Any]]:
-        comm, is_root = self.comm, self.rank == 0
+        is_root = self.rank == 0
         batch = make_batch(rows_of_rank(WAITING_ROWS, self.rank, self.size), seed=self.rank)
-        counts = element_counts(WAITING_ROWS, self.size)
-
-        def plain_gatherv() -> None:
-            for key, value in batch.items():
-                if is_root:
-                    out = np.empty(sum(counts[key]), value.dtype)
-                    comm.Gatherv(value.reshape(-1), [out, counts[key]], root=0)
-                else:
-                    comm.Gatherv(value.reshape(-1), None, root=0)
-
-        methods: dict[str, Callable[[], Any]] = {
-            "mpi_util": lambda: mpi_util.rank0_accum_batches(batch, comm=comm),
-            "plain_gatherv": plain_gatherv,
-            "plain_gather": lambda: comm.gather(batch, root=0),
-        }
+        gathers = self.gather_methods(batch, WAITING_ROWS)
         records: list[dict[str, Any]] = []
-        for method, call in methods.items():
+        for method, gather in WAIT_METHODS.items():
             self.sync()
             if is_root:
                 time.sleep(self.work_s)  # stands in for rank 0's update
-            cpu_started, wall_started = time.process_time(), time.perf_counter()
-            call()
-            cpu_s, wall_s = time.process_time() - cpu_started, time.perf_counter() - wall_started
-            everyone = comm.gather((cpu_s, wall_s), root=0)
+            cpu_started = time.process_time()
+            gathers[gather]()
+            everyone = self.comm.gather(time.process_time() - cpu_started, root=0)
             if is_root:
-                waiting = everyone[1:]
-                records.append(
-                    {"method": method, "work_s": self.work_s,
-                     "cpu_s_per_rank": [c for c, _ in waiting], "wait_wall_s_per_rank": [w for _, w in waiting],
-                     "rank0_call_after_work_s": everyone[0][1]}
-                )
+                records.append({"method": method, "work_s": self.work_s, "cpu_s_per_rank": everyone[1:]})
         return records
 
     def run(self) -> dict[str, Any] | None:
-        started = time.perf_counter()
-        load_before = os.getloadavg()
+        load_before = os.getloadavg()[0]
         gather = self.bench_gather()
         bcast = self.bench_bcast()
         waiting = self.bench_waiting_cpu()
         if self.rank != 0:
             return None
-        from mpi4py import MPI
-
-        return {
-            "ranks": self.size,
-            "mpi_library": MPI.Get_library_version().strip().splitlines()[0].strip(),
-            "mpi4py": __import__("mpi4py").__version__,
-            "numpy": np.__version__,
-            "load_avg_before": load_before,
-            "load_avg_after": os.getloadavg(),
-            "elapsed_s": time.perf_counter() - started,
-            "gather": gather,
-            "bcast": bcast,
-            "waiting_cpu": waiting,
-        }
+        return {"ranks": self.size, "load_avg_before": load_before, "gather": gather, "bcast": bcast,
+                "waiting_cpu": waiting}
 
 
-def worker_main(args: argparse.Namespace) -> int:
-    mpi_util.install_abort_on_exception()
-    result = Worker(args.rows, args.reps_scale, args.work_s).run()
-    if result is not None:
-        Path(args.worker_json).write_text(json.dumps(result))
-    return 0
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Driver side: launches the workers, then writes and prints the tables.
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def launch(nprocs: int, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+def launch(nprocs: int, quick: bool, scratch: Path) -> dict[str, Any]:
     """Run the worker mode of this script as nprocs ranks; return rank 0's results."""
     json_path, log_path = scratch / f"{nprocs}ranks.json", scratch / f"{nprocs}ranks.log"
-    command = [
-        mpi_util.find_mpiexec(), "-n", str(nprocs), sys.executable, "-u", str(Path(__file__).resolve()),
-        "--worker-json", str(json_path), "--reps-scale", str(args.reps_scale), "--work-s", str(args.work_s),
-        "--rows", *map(str, args.rows),
-    ]
+    command = [mpi_util.find_mpiexec(), "-n", str(nprocs), sys.executable, "-u", str(Path(__file__).resolve()),
+               "--worker-json", str(json_path), *(["--quick"] if quick else [])]
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "MPI_UTIL_STALL_TIMEOUT": str(WORKER_TIMEOUT_S)}
     returncode, _ = run_logged(command, log_path, WORKER_TIMEOUT_S, env)
@@ -320,110 +254,81 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}" if seconds < 0.01 else f"{seconds * 1e3:.1f}"
 
 
-def summarize(runs: list[dict[str, Any]], out: Path) -> tuple[str, dict[str, list[dict[str, Any]]]]:
-    """Write the CSVs; return the markdown tables and the flat rows."""
+def summarize(runs: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """The markdown tables and the flat rows of runs.csv."""
     gather_rows, bcast_rows, wait_rows = [], [], []
     for run in runs:
         n = run["ranks"]
-        for rec in run["gather"]:
-            gather_rows.append({
-                "ranks": n, "rows": rec["rows"], "mbytes": rec["rows"] * BYTES_PER_ROW / 1e6, "method": rec["method"],
-                "reps": rec["reps"], "median_rank0_s": median(rec["rank0"]), "min_rank0_s": min(rec["rank0"]),
-                "max_rank0_s": max(rec["rank0"]), "median_slowest_rank_s": median(rec["slowest"]),
-            })
-        for rec in run["bcast"]:
-            bcast_rows.append({
-                "ranks": n, "model": rec["model"], "arrays": rec["arrays"], "params": rec["params"],
-                "method": rec["method"], "reps": rec["reps"], "median_slowest_rank_s": median(rec["slowest"]),
-                "median_rank0_s": median(rec["rank0"]), "min_slowest_rank_s": min(rec["slowest"]),
-                "max_slowest_rank_s": max(rec["slowest"]),
-            })
-        for rec in run["waiting_cpu"]:
-            cpu = rec["cpu_s_per_rank"]
-            wait_rows.append({
-                "ranks": n, "method": rec["method"], "work_s": rec["work_s"], "max_cpu_s": max(cpu),
-                "sum_cpu_s": sum(cpu), "mean_wait_wall_s": sum(rec["wait_wall_s_per_rank"]) / len(cpu),
-                "rank0_call_after_work_s": rec["rank0_call_after_work_s"],
-                "cpu_s_per_rank": " ".join(f"{c:.4f}" for c in cpu),
-            })
-    write_csv(out / "gather.csv", gather_rows)
-    write_csv(out / "bcast.csv", bcast_rows)
-    write_csv(out / "waiting_cpu.csv", wait_rows)
+        gather_rows += [{"part": "gather", "ranks": n, "rows": rec["rows"], "method": rec["method"],
+                         "reps": rec["reps"], "median_rank0_s": median(rec["rank0"]),
+                         "median_slowest_rank_s": median(rec["slowest"])} for rec in run["gather"]]
+        bcast_rows += [{"part": "bcast", "ranks": n, "model": rec["model"], "arrays": rec["arrays"],
+                        "params": rec["params"],
+                        "method": rec["method"], "median_rank0_s": median(rec["rank0"]),
+                        "median_slowest_rank_s": median(rec["slowest"])} for rec in run["bcast"]]
+        wait_rows += [{"part": "waiting_cpu", "ranks": n, "method": rec["method"], "work_s": rec["work_s"],
+                       "max_cpu_s": max(rec["cpu_s_per_rank"]), "sum_cpu_s": sum(rec["cpu_s_per_rank"])}
+                      for rec in run["waiting_cpu"]]
 
-    def gather_cell(n: int, rows: int, method: str) -> float:
-        key = (n, rows, method)
-        return next(r["median_rank0_s"] for r in gather_rows if (r["ranks"], r["rows"], r["method"]) == key)
+    def cell(records: list[dict[str, Any]], key: str, **match: Any) -> float:
+        return next(r[key] for r in records if all(r[k] == v for k, v in match.items()))
 
     gather_md = []
     for n, rows in sorted({(r["ranks"], r["rows"]) for r in gather_rows}):
-        t = {m: gather_cell(n, rows, m) for m in GATHER_METHODS}
+        t = {m: cell(gather_rows, "median_rank0_s", ranks=n, rows=rows, method=m)
+             for m in ("mpi_util", "pickle", "raw_gatherv")}
         gather_md.append([n, f"{rows:,}", f"{rows * BYTES_PER_ROW / 1e6:g}", ms(t["mpi_util"]), ms(t["pickle"]),
                           ms(t["raw_gatherv"]), f"{t['pickle'] / t['mpi_util']:.2f}x"])
     bcast_md = []
     for r in bcast_rows:
-        key = (r["ranks"], r["model"], "mpi_util")
-        base = next(b for b in bcast_rows if (b["ranks"], b["model"], b["method"]) == key)
+        base = cell(bcast_rows, "median_slowest_rank_s", ranks=r["ranks"], model=r["model"], method="mpi_util")
         bcast_md.append([r["ranks"], r["model"], f"{r['params']:,}", r["arrays"], r["method"],
-                         ms(r["median_slowest_rank_s"]), ms(r["median_rank0_s"]),
-                         f"{r['median_slowest_rank_s'] / base['median_slowest_rank_s']:.2f}x"])
-    wait_md = [
-        [r["ranks"], r["method"], f"{r['max_cpu_s']:.3f}", f"{r['sum_cpu_s']:.3f}", f"{r['mean_wait_wall_s']:.2f}",
-         ms(r["rank0_call_after_work_s"]), "yes" if r["max_cpu_s"] < WAITING_CPU_TARGET_S else "**no**"]
-        for r in wait_rows
-    ]
+                         ms(r["median_slowest_rank_s"]), f"{r['median_slowest_rank_s'] / base:.2f}x"])
+    wait_md = [[r["ranks"], r["method"], f"{r['max_cpu_s']:.3f}", f"{r['sum_cpu_s']:.3f}",
+                "yes" if r["max_cpu_s"] < WAITING_CPU_TARGET_S else "**no**"] for r in wait_rows]
     markdown = "\n\n".join([
         "Gather to rank 0 (median ms per call on rank 0; pickle / mpi_util > 1 means mpi_util is faster; "
         f"{BYTES_PER_ROW} bytes per row):",
         table(["ranks", "rows", "MB", "mpi_util", "pickle gather", "raw Gatherv", "pickle / mpi_util"], gather_md),
-        "Broadcast from rank 0 (median ms per call; slowest rank = weights complete everywhere; "
-        "t / mpi_util compares slowest-rank times, > 1 means mpi_util is faster):",
-        table(["ranks", "model", "params", "arrays", "method", "slowest rank", "rank 0", "t / mpi_util"], bcast_md),
-        f"CPU of the waiting ranks while rank 0 works {runs[0]['waiting_cpu'][0]['work_s']:g} s before a gather of "
+        "Broadcast from rank 0 (median ms per call until the weights are complete on the slowest rank; "
+        "t / mpi_util > 1 means mpi_util is faster):",
+        table(["ranks", "model", "params", "arrays", "method", "slowest rank", "t / mpi_util"], bcast_md),
+        f"CPU of the waiting ranks while rank 0 works {wait_rows[0]['work_s']:g} s before a gather of "
         f"{WAITING_ROWS:,} rows (target: under {WAITING_CPU_TARGET_S} s per waiting rank):",
-        table(["ranks", "method", "max CPU s (a waiting rank)", "sum CPU s (all waiting)", "wait wall s",
-               "rank 0 call after work (ms)", f"< {WAITING_CPU_TARGET_S} s"], wait_md),
+        table(["ranks", "method", "max CPU s (a waiting rank)", "sum CPU s (all waiting)",
+               f"< {WAITING_CPU_TARGET_S} s"], wait_md),
     ])
-    return markdown, {"gather": gather_rows, "bcast": bcast_rows, "waiting_cpu": wait_rows}
+    return markdown, gather_rows + bcast_rows + wait_rows
 
 
 def driver_main(args: argparse.Namespace) -> int:
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     runs = []
     with tempfile.TemporaryDirectory(prefix="collectives_") as scratch:
         for nprocs in args.ranks:
             print(f"collectives: {nprocs} ranks ...", flush=True)
-            runs.append(launch(nprocs, args, Path(scratch)))
-    tables, _ = summarize(runs, out)
-    loads = ", ".join(f"{r['ranks']} ranks: {r['load_avg_before'][0]:.2f}" for r in runs)
-    mpi = f"- MPI: {runs[0]['mpi_library']}; mpi4py {runs[0]['mpi4py']}; numpy {runs[0]['numpy']}"
-    markdown = "\n".join(machine_lines(time.perf_counter() - started, loads, [mpi])) + f"\n\n{tables}\n"
-    (out / "results.md").write_text(markdown)
-    print(markdown)
+            runs.append(launch(nprocs, args.quick, Path(scratch)))
+    markdown, rows = summarize(runs)
+    loads = ", ".join(f"{r['ranks']} ranks: {r['load_avg_before']:.2f}" for r in runs)
+    # The versions line names the MPI library: this driver has loaded mpi4py's MPI too (mpi_util's COMM_WORLD).
+    write_results(Path(args.out).resolve(), rows, markdown, time.perf_counter() - started, loads)
     return 0
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8], help="rank counts to run at")
-    parser.add_argument("--rows", type=int, nargs="+", default=list(GATHER_ROWS), help="global batch sizes to gather")
-    parser.add_argument("--reps-scale", type=float, default=1.0, help="multiply the number of timed repetitions")
-    parser.add_argument("--work-s", type=float, default=2.0, help="seconds rank 0 works before the waited-for gather")
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help="where the CSVs, markdown and plot go")
+    parser.add_argument("--out", default=str(RESULTS / "collectives"), help="where runs.csv and results.md go")
     parser.add_argument("--quick", action="store_true", help="smoke test: rows up to 100k, few reps, 0.5 s of work")
     parser.add_argument("--worker-json", help=argparse.SUPPRESS)  # internal: run as one rank, rank 0 writes here
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.rows = [r for r in args.rows if r <= 100_000]
-        args.reps_scale = min(args.reps_scale, 0.2)
-        args.work_s = min(args.work_s, 0.5)
-    return args
-
-
-def main() -> int:
-    args = parse_args()
-    return worker_main(args) if args.worker_json else driver_main(args)
+    args = parser.parse_args()
+    if args.worker_json:
+        mpi_util.install_abort_on_exception()
+        result = Worker(args.quick).run()
+        if result is not None:
+            Path(args.worker_json).write_text(json.dumps(result))
+        return 0
+    return driver_main(args)
 
 
 if __name__ == "__main__":

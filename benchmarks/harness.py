@@ -8,6 +8,7 @@ not initialize MPI itself, and update.py's children may import another checkout'
 
 from __future__ import annotations
 
+import argparse
 import csv
 import datetime
 import json
@@ -59,6 +60,27 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
+
+
+# What each shared option means, for options().
+OPTION_HELP = {
+    "env": "gymnasium env id", "nprocs": "MPI process counts", "total_steps": "step budget of each run",
+    "repeats": "interleaved repeats", "seed": "seed of every run", "warmup": "first iterations left out of the rates",
+    "tail": "iterations at the end whose episodes give the mean return",
+    "timeout": "seconds one run may take before it is killed",
+}
+
+
+def options(doc: str, out: str, **defaults: Any) -> argparse.ArgumentParser:
+    """A parser described by ``doc``'s first paragraph, with --out (default results/OUT) and, for each keyword, the
+    option of OPTION_HELP of that name with that default (a list default takes one or more values)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    for name, default in defaults.items():
+        many = isinstance(default, list)
+        parser.add_argument(f"--{name}", type=type(default[0] if many else default), nargs="+" if many else None,
+                            default=default, help=f"{OPTION_HELP[name]} (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=RESULTS / out, help="results directory (default: %(default)s)")
+    return parser
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ final policy evaluated deterministically (benchmarks/README.md, section learning
 Resumable: a run whose summary.json is under --out is skipped, a cut-off run continues from its newest checkpoint in
 --workdir, and a run there trained with another configuration than train.py would use now is refused. Per run it
 keeps progress.csv, config.json, command.txt and summary.json under ``--out/<env>_<algo>_n<nprocs>/s<seed>/``, then
-writes results.md, results.csv, runs.csv and curves_<env>.png from them (``--report`` alone rewrites those).
+writes results.md, results.csv, runs.csv and curves_<env>.png from them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import math
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -25,10 +24,11 @@ from typing import Any
 import numpy as np
 from harness import (
     REPO,
-    RESULTS,
+    command_output,
     describe_machine,
     failure,
     load_average,
+    options,
     pretty_command,
     read_progress,
     run_logged,
@@ -37,21 +37,10 @@ from harness import (
     write_csv,
 )
 
-DEFAULT_OUT = RESULTS / "learning"
 DEFAULT_WORKDIR = REPO / "runs" / "learning"
-FINAL_EPISODES = 10
+FINAL_EPISODES = 10  # training episodes, at least, behind the final training return
+EVAL_EPISODES = 10  # deterministic evaluation episodes per run
 
-# Published final returns at 1M steps (means over seeds), from issue 6; sources in the README.
-PUBLISHED = {
-    "Walker2d": {"PPO paper (Schulman 2017, v1, read off the figure)": "~3460",
-                 "OpenAI baselines ppo2 / trpo_mpi (6 seeds)": "3425 / 2343",
-                 "CleanRL ppo_continuous_action (v4, 3 seeds)": "2288 ± 572",
-                 "Spinning Up PPO (v3, read off the plot)": "~1230"},
-    "Hopper": {"PPO paper (Schulman 2017, v1, read off the figure)": "~2330",
-               "OpenAI baselines ppo2 / trpo_mpi (6 seeds)": "2316 / 1913",
-               "CleanRL ppo_continuous_action (v4, 3 seeds)": "2383 ± 272",
-               "Spinning Up PPO (v3, read off the plot)": "~1850"},
-}
 TARGETS = {("Walker2d", "ppo"): 3500, ("Hopper", "ppo"): 2500, ("Walker2d", "trpo"): 3000, ("Hopper", "trpo"): 2300}
 
 
@@ -74,13 +63,8 @@ def final_train_return(rows: list[dict[str, float]], min_episodes: int = FINAL_E
 
 
 def git_commit() -> str:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "train.py", "algos", "mpi_util"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    commit = command_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]) or "unknown"
+    dirty = command_output(["git", "-C", str(REPO), "status", "--porcelain", "--", "train.py", "algos", "mpi_util"])
     return commit + ("+uncommitted changes" if dirty else "")
 
 
@@ -131,13 +115,13 @@ def one_run(env: str, algo: str, nprocs: int, seed: int, args: argparse.Namespac
     if rows[-1]["total_steps"] < args.total_steps:
         raise RuntimeError(f"{run_dir} stopped at {rows[-1]['total_steps']:.0f} steps of {args.total_steps}")
 
-    play = [*train, "--play", str(run_dir), "--episodes", str(args.eval_episodes)]
+    play = [*train, "--play", str(run_dir), "--episodes", str(EVAL_EPISODES)]
     eval_log = logdir / "eval.log"
     eval_log.unlink(missing_ok=True)
     returncode, _ = run_logged(play, eval_log, 600)
     eval_text = eval_log.read_text()
     eval_returns = [float(x) for x in re.findall(r"^episode \d+: return (-?[\d.]+)", eval_text, re.MULTILINE)]
-    if returncode != 0 or len(eval_returns) != args.eval_episodes:
+    if returncode != 0 or len(eval_returns) != EVAL_EPISODES:
         raise RuntimeError(f"evaluation failed (exit {returncode}): {shlex.join(play)}\n{eval_text[-2000:]}")
 
     train_return, train_episodes = final_train_return(rows)
@@ -293,37 +277,30 @@ def report(out: Path) -> None:
     print("\n".join(lines))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args() -> argparse.Namespace:
+    parser = options(__doc__, "learning", nprocs=[2], total_steps=1_000_000, timeout=3600.0)
     parser.add_argument("--envs", nargs="+", default=["Walker2d-v5", "Hopper-v5"], help="gymnasium ids")
     parser.add_argument("--algos", nargs="+", default=["ppo", "trpo"], choices=["ppo", "trpo"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
-    parser.add_argument("--nprocs", nargs="+", type=int, default=[2], help="MPI processes per run (default: 2)")
-    parser.add_argument("--total_steps", type=int, default=1_000_000)
-    parser.add_argument("--eval_episodes", type=int, default=10, help="deterministic evaluation episodes per run")
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds one training launch may take")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results (committed) (default: %(default)s)")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR,
                         help="run directories with checkpoints (not committed) (default: %(default)s)")
     parser.add_argument("--train_args", default="",
                         help="more train.py options for every new run, e.g. '--batch_size 1024'; give such a sweep "
                              "its own --out and --workdir (default: none)")
-    parser.add_argument("--report", action="store_true", help="only write the tables and plots")
-    return parser.parse_args(argv)
+    return parser.parse_args()
 
 
 def main() -> int:
     args = parse_args()
     args.out, args.workdir = args.out.resolve(), args.workdir.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    if not args.report:
-        print(f"{pretty_command()}: results in {args.out}, run directories in {args.workdir}", flush=True)
-        for algo in args.algos:
-            for nprocs in args.nprocs:
-                for seed in args.seeds:
-                    for env in args.envs:
-                        if one_run(env, algo, nprocs, seed, args) is not None:
-                            report(args.out)
+    print(f"{pretty_command()}: results in {args.out}, run directories in {args.workdir}", flush=True)
+    for algo in args.algos:
+        for nprocs in args.nprocs:
+            for seed in args.seeds:
+                for env in args.envs:
+                    if one_run(env, algo, nprocs, seed, args) is not None:
+                        report(args.out)
     report(args.out)
     return 0
 

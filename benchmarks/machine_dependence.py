@@ -13,11 +13,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import REPO, RESULTS, failure, load_average, run_logged, table, write_results
+from harness import REPO, failure, load_average, options, run_logged, table, write_results
 
 # The columns of progress.csv that follow from the numbers alone (no clocks): where two runs agree in all of them at
 # every iteration, they learned the same thing.
@@ -77,18 +76,15 @@ def first_difference(rows: list[dict[str, str]], reference: list[dict[str, str]]
     return None if len(rows) == len(reference) else min(len(rows), len(reference)) + 1
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args() -> argparse.Namespace:
+    parser = options(__doc__, "machine_dependence", timeout=900.0)
     parser.add_argument("variants", nargs="*", default=list(DEFAULT_VARIANTS),
                         help="NAME=SETTINGS, the first the reference (default: this machine, a repeat, 1 core, and "
                              "the numpy, OpenBLAS and oneDNN kernels of other CPUs)")
     parser.add_argument("--code", type=Path, default=REPO, help="checkout whose train.py runs (default: this one)")
     parser.add_argument("--train_args", default="Walker2d --nprocs 2 --total_steps 200000",
                         help="train.py arguments (default: the README's first command)")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per run before giving up (default 900)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "machine_dependence",
-                        help="where runs.csv and results.md go")
-    return parser.parse_args(argv)
+    return parser.parse_args()
 
 
 def main() -> int:

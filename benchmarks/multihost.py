@@ -19,12 +19,12 @@ from typing import Any
 
 from harness import (
     REPO,
-    RESULTS,
     TrainRun,
     failure,
     fmt,
     load_average,
     median,
+    options,
     read_progress,
     run_logged,
     summarize_run,
@@ -51,8 +51,9 @@ def run_setting(setting: str, hosts: Any, args: argparse.Namespace, workdir: Pat
     """One train.py run in ``setting``; (the run, bytes that crossed the veth meanwhile)."""
     workdir.mkdir(parents=True)
     run_dir = workdir / "run"
-    common = [str(REPO / "train.py"), args.env, "--total_steps", str(args.total_steps), "--seed", str(args.seed)]
-    environment = {"MPI_BATCH_RL_RUN_DIR": str(run_dir)}
+    common = [str(REPO / "train.py"), args.env, "--total_steps", str(args.total_steps), "--seed", str(args.seed),
+              "--run_dir", str(run_dir)]
+    environment: dict[str, str] = {}
     if setting == "2 + 2 hosts":
         mpiexec = HOSTS.Launcher(os.environ.get("MPIEXEC") or _find_mpiexec())
         command = hosts.mpiexec_command(mpiexec, NPROCS // 2, common)
@@ -76,17 +77,11 @@ def _find_mpiexec() -> str:
     return find_mpiexec()
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--env", default="CartPole-v1", help="gymnasium environment (default CartPole-v1)")
-    parser.add_argument("--total_steps", type=int, default=100_000, help="steps per run (default 100000)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each setting, interleaved (default 3)")
-    parser.add_argument("--warmup", type=int, default=2, help="iterations left out of the figures (default 2)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take (default 1800)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "multihost", help="results directory")
+def parse_args() -> argparse.Namespace:
+    parser = options(__doc__, "multihost", env="CartPole-v1", total_steps=100_000, repeats=3, warmup=2, seed=0,
+                     timeout=1800.0)
     parser.add_argument("--quick", action="store_true", help="8 iterations, 1 repeat: checks that it works")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     if args.quick:
         args.total_steps, args.repeats = 8 * 2048, 1
     return args

@@ -101,12 +101,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Args:
     for name, value in asdict(defaults).items():
         parser.add_argument(f"--{name}", type=type(value), default=value, help=f"(default: {value})")
     args = Args(**vars(parser.parse_args(argv)))
-    if args.num_envs < 1 or args.batch_steps % args.num_envs:
-        parser.error(f"--num_envs must be >= 1 and divide --batch_steps {args.batch_steps}, got {args.num_envs}")
-    if args.batch_steps % args.minibatch_size:
-        parser.error(f"--minibatch_size must divide --batch_steps {args.batch_steps}, got {args.minibatch_size}")
-    if args.total_steps < args.batch_steps:
-        parser.error(f"--total_steps must be at least one batch ({args.batch_steps}), got {args.total_steps}")
+    if args.num_envs < 1 or args.batch_steps % args.num_envs or args.batch_steps % args.minibatch_size:
+        parser.error(f"--num_envs and --minibatch_size must divide --batch_steps {args.batch_steps}")
     return args
 
 

@@ -9,7 +9,6 @@ results.md and a plot of the returns to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -23,10 +22,9 @@ from typing import Any
 
 from harness import (
     REPO,
-    RESULTS,
-    failure,
     load_average,
-    run_logged,
+    options,
+    run_for_result,
     run_train,
     summarize_run,
     table,
@@ -35,7 +33,7 @@ from harness import (
 
 BATCH = 2048
 MINIBATCH = 64
-DEFAULT_RLLIB_PYTHON = REPO / "benchmarks" / ".venv-rllib" / "bin" / "python"
+RLLIB_PYTHON = REPO / "benchmarks" / ".venv-rllib" / "bin" / "python"  # made by setup_peers.sh
 SYSTEMS = ("ours", "sb3", "cleanrl", "rllib")
 
 NOTES = [
@@ -43,71 +41,34 @@ NOTES = [
     "observations normalized with running statistics (clip 10), value targets with running return statistics; "
     "rank 0's TF update runs one thread per op, two ops at a time, TensorFlow's own kernels (oneDNN off).",
     "stable-baselines3: constant lr; target_kl 0.02 checked after every minibatch; "
-    "VecNormalize of observations and rewards (clip 10); torch on `--torch_threads` thread(s).",
+    "VecNormalize of observations and rewards (clip 10); torch on one thread.",
     "CleanRL-style: lr annealed linearly to 0; epochs stop on approx KL > 1.5 x 0.02 (CleanRL's per-epoch check, "
     "train.py's threshold); per-env NormalizeObservation and NormalizeReward wrappers, each clipped at 10; clipped "
     "value loss; a time-limit truncation ends the return like a termination (CleanRL's choice, no bootstrap); torch "
-    "on `--torch_threads` thread(s).",
+    "on one thread.",
     "RLlib (new API stack, torch, one local learner in the driver, N env runner processes with one env each): lr "
     "annealed as train.py's by a schedule; cannot be made equal: no reward normalization (returns learned "
     "unscaled), the value loss clipped at vf_clip_param 10 instead of normalized targets, RLlib's own network "
     "initialization, no early stop on KL, and each learner batch carries one extra row per episode fragment (the "
     "bootstrap step, masked out of the loss) in full 64-row minibatches, so slightly more than 320 Adam steps. Its "
     "final mean return is RLlib's own mean of the last 100 episodes, its curve that running mean. Process wall time "
-    "includes starting ray. Torch on `--torch_threads` thread(s) in the driver.",
+    "includes starting ray. Torch on one thread in the driver.",
 ]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = options(__doc__, "peers", env="Walker2d-v5", nprocs=[2], total_steps=61_440, repeats=1, seed=0,
+                     warmup=2, tail=10, timeout=900.0)
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                         help="systems to run, in this order in the first repeat (default: all)")
-    parser.add_argument("--env", default="Walker2d-v5", help="gymnasium env id (default: %(default)s)")
-    parser.add_argument("--nprocs", type=int, nargs="+", default=[2],
-                        help="train.py process counts and RLlib env-runner counts (default: %(default)s)")
     parser.add_argument("--cleanrl_envs", type=int, nargs="+", default=[1],
                         help="env counts of the CleanRL-style PPO's vector env (default: %(default)s)")
-    parser.add_argument("--total_steps", type=int, default=61_440,
-                        help="step budget of every run (default: %(default)s = 30 iterations of 2048)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each system (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every system (default: %(default)s)")
-    parser.add_argument("--torch_threads", type=int, default=1,
-                        help="torch.set_num_threads for SB3, CleanRL and RLlib's learner (default: %(default)s)")
-    parser.add_argument("--warmup", type=int, default=2,
-                        help="first iterations left out of the steady rates (default: %(default)s)")
-    parser.add_argument("--tail", type=int, default=10,
-                        help="iterations at the end whose episodes give the final mean return (default: %(default)s)")
-    parser.add_argument("--timeout", type=float, default=900.0,
-                        help="seconds one run may take before it is killed (default: %(default)s)")
-    parser.add_argument("--rllib_python", default=str(DEFAULT_RLLIB_PYTHON),
-                        help="python of the RLlib venv (default: benchmarks/.venv-rllib/bin/python)")
-    parser.add_argument("--out", default=str(RESULTS / "peers"), help="output directory (default: %(default)s)")
     args = parser.parse_args(argv)
     iterations = args.total_steps // BATCH
     if iterations <= args.warmup or iterations < args.tail:
         parser.error(f"--total_steps {args.total_steps} gives {iterations} iteration(s) of {BATCH} steps: need more "
                      f"than --warmup {args.warmup} and at least --tail {args.tail}")
-    for name in ("nprocs", "cleanrl_envs"):
-        bad = [n for n in getattr(args, name) if n < 1 or (name == "cleanrl_envs" and BATCH % n)]
-        if bad:
-            parser.error(f"--{name} must be >= 1" + (f" and divide {BATCH}" if name == "cleanrl_envs" else "")
-                         + f", got {bad[0]}")
     return args
-
-
-def run_peer(name: str, command: list[str], workdir: Path, timeout_s: float) -> dict[str, Any]:
-    """Run a peer script that writes its record to workdir/NAME.json (its --json); return the record plus the wall
-    time and load averages. Raises RuntimeError on a timeout or a nonzero exit status, with the log's last lines."""
-    workdir.mkdir(parents=True)
-    json_path = workdir / f"{name}.json"
-    log_path = workdir / f"{name}.log"
-    load_before = load_average()
-    returncode, process_wall_s = run_logged([*command, "--json", str(json_path)], log_path, timeout_s)
-    if returncode != 0 or not json_path.exists():
-        raise failure(name, returncode, log_path)
-    record = json.loads(json_path.read_text())
-    record.update(process_wall_s=process_wall_s, load_before=load_before, load_after=load_average())
-    return record
 
 
 def summarize_peer(record: dict[str, Any], system: str, nprocs: int, warmup: int, tail: int) -> dict[str, Any]:
@@ -126,22 +87,13 @@ def summarize_peer(record: dict[str, Any], system: str, nprocs: int, warmup: int
     else:  # RLlib: its own running mean of the last 100 episodes
         mean_return = its[-1]["episode_return_mean"]
         tail_episodes = min(100, sum(r["episodes"] for r in its))
-    return {
-        "system": system,
-        "nprocs": nprocs,
-        "iterations": len(its),
-        "steps_per_s": (its[-1]["steps"] - before["steps"]) / wall,
-        "steps_per_s_whole_loop": its[-1]["steps"] / its[-1]["wall_s"],
-        "t_rollout": t_rollout,
-        "t_update": t_update,
-        "t_other": wall / len(steady) - t_rollout - t_update,
-        "grad_steps_per_iter": statistics.fmean(r["grad_steps"] for r in steady),
-        "mean_return": mean_return,
-        "tail_episodes": tail_episodes,
-        "process_wall_s": record["process_wall_s"],
-        "load_before": record["load_before"],
-        "load_after": record["load_after"],
-    }
+    return {"system": system, "nprocs": nprocs, "iterations": len(its),
+            "steps_per_s": (its[-1]["steps"] - before["steps"]) / wall,
+            "steps_per_s_whole_loop": its[-1]["steps"] / its[-1]["wall_s"], "t_rollout": t_rollout,
+            "t_update": t_update, "t_other": wall / len(steady) - t_rollout - t_update,
+            "grad_steps_per_iter": statistics.fmean(r["grad_steps"] for r in steady), "mean_return": mean_return,
+            "tail_episodes": tail_episodes, "process_wall_s": record["process_wall_s"],
+            "load_before": record["load_before"]}
 
 
 def summarize_ours(run: Any, warmup: int, tail: int) -> dict[str, Any]:
@@ -152,7 +104,7 @@ def summarize_ours(run: Any, warmup: int, tail: int) -> dict[str, Any]:
             "t_rollout": s["t_sampling"], "t_update": s["t_update"] + s["t_bcast"], "t_other": s["t_other"],
             "grad_steps_per_iter": s["epochs_mean"] * math.ceil(BATCH / MINIBATCH), "mean_return": s["mean_return"],
             "tail_episodes": s["tail_episodes"], "process_wall_s": s["process_wall_s"],
-            "load_before": s["load_before"], "load_after": s["load_after"]}
+            "load_before": s["load_before"]}
 
 
 def curves_peer(record: dict[str, Any]) -> tuple[list[float], list[float]]:
@@ -188,20 +140,23 @@ def run_job(args: argparse.Namespace, system: str, n: int, workdir: Path
         run = run_train(args.env, n, args.total_steps, workdir, args.timeout)
         return (summarize_ours(run, args.warmup, args.tail),
                 ([r["total_steps"] for r in run.rows], [r["ep_return_mean"] for r in run.rows]), {})
-    common = ["--total_steps", str(args.total_steps), "--seed", str(args.seed),
-              "--torch_threads", str(args.torch_threads)]
+    json_path = workdir / f"{system}.json"
+    common = ["--total_steps", str(args.total_steps), "--seed", str(args.seed), "--torch_threads", "1",
+              "--json", str(json_path)]
     if system == "sb3":
         command = [sys.executable, str(REPO / "benchmarks" / "peer_sb3_ppo.py"), "--env", args.env, *common]
-        label = f"stable-baselines3 PPO, 1 env, torch {args.torch_threads} thread(s)"
+        label = "stable-baselines3 PPO, 1 env, torch 1 thread(s)"
     elif system == "cleanrl":
         command = [sys.executable, str(REPO / "benchmarks" / "peer_cleanrl_ppo.py"), "--env_id", args.env,
                    "--num_envs", str(n), *common]
-        label = f"CleanRL-style PPO, {n} env{'s' if n > 1 else ''}, torch {args.torch_threads} thread(s)"
+        label = f"CleanRL-style PPO, {n} env{'s' if n > 1 else ''}, torch 1 thread(s)"
     else:
-        command = [args.rllib_python, str(REPO / "benchmarks" / "peer_rllib_ppo.py"), "--env", args.env,
+        command = [str(RLLIB_PYTHON), str(REPO / "benchmarks" / "peer_rllib_ppo.py"), "--env", args.env,
                    "--num_env_runners", str(n), *common]
         label = f"RLlib PPO, {n} env runner{'s' if n > 1 else ''}"
-    record = run_peer(system, command, workdir, args.timeout)
+    workdir.mkdir(parents=True)
+    record, process_wall_s, load_before = run_for_result(command, json_path, args.timeout, system)
+    record.update(process_wall_s=process_wall_s, load_before=load_before)
     versions = {f"{system} {k}": v for k, v in record["versions"].items()}
     return summarize_peer(record, label, n, args.warmup, args.tail), curves_peer(record), versions
 
@@ -227,11 +182,11 @@ def plot_curves(curves: list[tuple[str, list[float], list[float]]], path: Path, 
 
 def main(argv: Sequence[str] | None = None, plot_name: str = "peers.png") -> int:
     args = parse_args(argv)
-    out = Path(args.out).resolve()
+    out = args.out.resolve()
     notes: list[str] = []
-    rllib_ready = Path(args.rllib_python).exists()
+    rllib_ready = RLLIB_PYTHON.exists()
     if "rllib" in args.systems and not rllib_ready:
-        notes.append(f"RLlib skipped: {args.rllib_python} not found; make it with `bash benchmarks/setup_peers.sh`.")
+        notes.append(f"RLlib skipped: {RLLIB_PYTHON} not found; make it with `bash benchmarks/setup_peers.sh`.")
         print(f"peers: {notes[-1]}", flush=True)
     jobs = jobs_of(args, rllib_ready)
     workroot = Path(tempfile.mkdtemp(prefix="bench_peers_", dir="/tmp"))

@@ -16,7 +16,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from harness import RESULTS, fmt, median, run_for_result, table, write_results
+from harness import fmt, median, options, run_for_result, table, write_results
 
 BATCH_STEPS = 2048  # rows per PPO update, over all envs and ranks
 
@@ -85,19 +85,11 @@ def label(kind: str, n: int) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", default="Hopper-v5", help="gymnasium env id (default: %(default)s)")
-    parser.add_argument("--total_steps", type=int, default=150_000, help="steps per run (default: %(default)s)")
-    parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 8],
-                        help="process / env counts for the subproc and mpi runs (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=1, help="rounds of every configuration (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every run (default: %(default)s)")
+    parser = options(__doc__, "sb3_mpi", env="Hopper-v5", total_steps=150_000, nprocs=[2, 8], repeats=1, seed=0,
+                     timeout=1800.0)
     parser.add_argument("--device", default="cpu",
                         help="torch device of every process's policy, e.g. cuda: every rank on the GPU "
                              "(default: %(default)s)")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "sb3_mpi",
-                        help="results directory (default: %(default)s)")
     parser.add_argument("--run", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)  # one run, internal
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()

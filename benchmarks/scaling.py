@@ -18,17 +18,16 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from harness import (
-    RESULTS,
     TIME_KEYS,
     describe_machine,
     fmt,
     load_average,
     median,
+    options,
     run_train,
     summarize_run,
     table,
@@ -38,8 +37,6 @@ from harness import (
 PREDICT_CORES = (1, 2, 4, 8, 16, 32, 64)
 # The original's table (hex-core Xeon, Walker2d-v1, TRPO with its own batch settings): nprocs -> steps/s.
 ORIGINAL_STEPS_PER_S = {1: 546, 2: 1040, 9: 2484}
-EFFICIENCY_TARGET = 0.90
-OVERSUBSCRIPTION_TARGET = 0.90
 
 
 def paired_ratios(runs: list[dict[str, Any]], cores: int) -> None:
@@ -131,25 +128,22 @@ def plot(runs: list[dict[str, Any]], per_n: list[dict[str, Any]], amdahl: list[d
 
 
 def markdown_tables(per_n: list[dict[str, Any]], amdahl: list[dict[str, Any]], cores: int) -> str:
-    main = [[r["nprocs"], fmt(r["steps_per_s"]), fmt(r["mean_return"], 1),
-             fmt(ORIGINAL_STEPS_PER_S.get(r["nprocs"], math.nan))] for r in per_n]
-    split = [[r["nprocs"], fmt(r["t_iteration"], 3), fmt(r["t_rollout"], 3), fmt(r["t_gather"], 3),
-              fmt(r["t_update"], 3), fmt(r["t_bcast"], 4), fmt(r["t_other"], 3), f"{r['serial_share']:.0%}",
-              fmt(r["sampling_steps_per_s"]), f"{r['speedup_vs_1']:.2f}x", f"{r['sampling_efficiency']:.0%}",
-              f"{r['steps_per_s_vs_2']:.2f}x", fmt(r["epochs_mean"], 1), fmt(r["process_wall_s"])] for r in per_n]
+    split = [[r["nprocs"], fmt(r["steps_per_s"]), fmt(ORIGINAL_STEPS_PER_S.get(r["nprocs"], math.nan)),
+              fmt(r["t_iteration"], 3), fmt(r["t_rollout"], 3), fmt(r["t_gather"], 3), fmt(r["t_update"], 3),
+              fmt(r["t_bcast"], 4), fmt(r["t_other"], 3), f"{r['serial_share']:.0%}", fmt(r["sampling_steps_per_s"]),
+              f"{r['speedup_vs_1']:.2f}x", f"{r['sampling_efficiency']:.0%}", f"{r['steps_per_s_vs_2']:.2f}x",
+              fmt(r["epochs_mean"], 1), fmt(r["process_wall_s"])] for r in per_n]
     pred = [[r["basis_nprocs"], fmt(r["t_serial"], 3), fmt(r["sampling_core_s"], 3),
              f"{r['serial_share_1core']:.0%}", *(fmt(r[f"pred_{n}_cores"]) for n in (1, 2, 8, 16, 64)),
              fmt(r["ceiling"])] for r in amdahl]
     return "\n\n".join([
-        "Throughput (the original's table; steps/s after the warm-up, median of repeats; mean return over the "
-        "episodes of the last iterations):",
-        table(["nprocs", "steps/s", "mean return", "original (Walker2d-v1, hex-core)"], main),
-        f"Time split per iteration (rank 0, seconds, mean after the warm-up, median of repeats). serial share = "
-        f"(update + bcast + other) / iteration; sampling = batch / (rollout + gather); efficiency = sampling rate / "
-        f"(min(N, {cores} cores) x sampling rate at 1 process), paired within a repeat:",
-        table(["nprocs", "iteration", "rollout", "gather", "update", "bcast", "other", "serial share",
-               "sampling steps/s", "speedup vs 1", "sampling efficiency", "steps/s vs 2 procs", "PPO epochs",
-               "process wall s"], split),
+        f"Throughput and time split per iteration (steps/s after the warm-up; rank 0's seconds, mean after the "
+        f"warm-up; medians of repeats). serial share = (update + bcast + other) / iteration; sampling = batch / "
+        f"(rollout + gather); efficiency = sampling rate / (min(N, {cores} cores) x sampling rate at 1 process), "
+        f"paired within a repeat; original = the original's table (Walker2d-v1, hex-core Xeon):",
+        table(["nprocs", "steps/s", "original", "iteration", "rollout", "gather", "update", "bcast", "other",
+               "serial share", "sampling steps/s", "speedup vs 1", "sampling efficiency", "steps/s vs 2 procs",
+               "PPO epochs", "process wall s"], split),
         "Amdahl: steps/s predicted on n cores (one rank per core) = batch / (serial + sampling core-seconds / n), "
         "from the split measured at each nprocs that does not oversubscribe; ceiling = batch / serial:",
         table(["from nprocs", "serial s/iter", "sampling core-s/iter", "serial share on 1 core", "1 core",
@@ -157,46 +151,12 @@ def markdown_tables(per_n: list[dict[str, Any]], amdahl: list[dict[str, Any]], c
     ])
 
 
-def target_lines(per_n: list[dict[str, Any]], amdahl: list[dict[str, Any]]) -> list[str]:
-    by_n = {r["nprocs"]: r for r in per_n}
-    lines = []
-    if 2 in by_n and not math.isnan(by_n[2]["sampling_efficiency"]):
-        e = by_n[2]["sampling_efficiency"]
-        lines.append(f"- sampling-phase parallel efficiency at 2 processes: {e:.0%} (target {EFFICIENCY_TARGET:.0%}: "
-                     f"{'met' if e >= EFFICIENCY_TARGET else 'missed'})")
-    if 8 in by_n and not math.isnan(by_n[8]["steps_per_s_vs_2"]):
-        o = by_n[8]["steps_per_s_vs_2"]
-        lines.append(f"- steps/s at 8 processes / at 2 processes: {o:.2f} (target {OVERSUBSCRIPTION_TARGET:.2f}: "
-                     f"{'met' if o >= OVERSUBSCRIPTION_TARGET else 'missed'})")
-    for r in per_n:
-        lines.append(f"- serial share at {r['nprocs']} processes: {r['serial_share']:.0%} of the iteration "
-                     f"(update {r['t_update']:.3f} s, bcast {r['t_bcast']:.4f} s, other {r['t_other']:.3f} s)")
-    for row in amdahl:
-        lines.append(f"- Amdahl from {row['basis_nprocs']} process(es): " + ", ".join(
-            f"{n} cores {row[f'pred_{n}_cores']:,.0f}" for n in (8, 16, 64)) + f" steps/s; ceiling "
-            f"{row['ceiling']:,.0f}")
-    return lines
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="Walker2d-v5", help="gymnasium env id (default: %(default)s)")
-    parser.add_argument("--nprocs", type=int, nargs="+", default=[1, 2, 3, 4, 8],
-                        help="process counts; 1 and 2 are needed for the ratios (default: %(default)s)")
-    parser.add_argument("--total_steps", type=int, default=40_960,
-                        help="step budget of each run (default: %(default)s = 20 iterations of 2048)")
-    parser.add_argument("--repeats", type=int, default=2, help="runs per process count (default: %(default)s)")
-    parser.add_argument("--warmup", type=int, default=2,
-                        help="first iterations left out of the rates and the split (default: %(default)s)")
-    parser.add_argument("--tail", type=int, default=5,
-                        help="iterations at the end whose episodes give the mean return (default: %(default)s)")
-    parser.add_argument("--timeout", type=float, default=600.0,
-                        help="seconds one train.py run may take before it is killed (default: %(default)s)")
+def parse_args() -> argparse.Namespace:
+    parser = options(__doc__, "scaling", env="Walker2d-v5", nprocs=[1, 2, 3, 4, 8], total_steps=40_960, repeats=2,
+                     warmup=2, tail=5, timeout=600.0)
     parser.add_argument("--train_args", default="", help="extra train.py arguments, one shell-quoted string")
-    parser.add_argument("--out", default=str(RESULTS / "scaling"), help="output directory (default: %(default)s)")
-    parser.add_argument("--keep_runs", action="store_true", help="keep the run directories under /tmp")
     parser.add_argument("--quick", action="store_true", help="smoke test: nprocs 1 2, 8192 steps, one repeat")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     if args.quick:
         args.nprocs, args.total_steps, args.repeats, args.warmup, args.tail = [1, 2], 8192, 1, 1, 2
     return args
@@ -204,7 +164,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    out = Path(args.out).resolve()
+    out = args.out.resolve()
     cores = os.cpu_count() or 1
     workroot = Path(tempfile.mkdtemp(prefix="bench_scaling_", dir="/tmp"))
     started = time.perf_counter()
@@ -221,8 +181,7 @@ def main() -> int:
                 print(f"  {summary['steps_per_s']:,.0f} steps/s, split " + " ".join(
                     f"{key[2:]} {summary[key]:.4f}" for key in (*TIME_KEYS, "t_other")), flush=True)
     finally:
-        if not args.keep_runs:
-            shutil.rmtree(workroot, ignore_errors=True)
+        shutil.rmtree(workroot, ignore_errors=True)
     paired_ratios(runs, cores)
     per_n = aggregate(runs)
     amdahl = amdahl_table(per_n, cores)
@@ -231,8 +190,7 @@ def main() -> int:
              f"interleaved repeat(s); warm-up {args.warmup} iteration(s) left out; mean return over the last "
              f"{args.tail} iterations"]
     loads = ", ".join(f"r{r['repeat']} n{r['nprocs']}: {r['load_before']:.2f}" for r in runs)
-    body = markdown_tables(per_n, amdahl, cores) + "\n\n" + "\n".join(target_lines(per_n, amdahl))
-    write_results(out, runs, body, time.perf_counter() - started, loads, about)
+    write_results(out, runs, markdown_tables(per_n, amdahl, cores), time.perf_counter() - started, loads, about)
     plot(runs, per_n, amdahl, cores, out / "scaling.png",
          f"train.py {args.env}, {args.total_steps} steps per run | nproc {cores} | {describe_machine()['date_utc']}")
     return 0

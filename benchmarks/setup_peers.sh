@@ -1,15 +1,7 @@
 #!/usr/bin/env bash
-# Creates benchmarks/.venv-rllib: RLlib for benchmarks/peers.py, kept out of the project's own environment (ray
-# pins its own gymnasium and pulls in pandas, pyarrow, pydantic and more; the tests never see any of it).
-#
-#   bash benchmarks/setup_peers.sh            # installs benchmarks/constraints-rllib.txt exactly, with --no-deps
-#   bash benchmarks/setup_peers.sh --relock   # resolves ray's dependencies afresh and rewrites that file
-#
-# PYTHON=python3.11 picks the interpreter. constraints-rllib.txt is the pip freeze of the environment the peers'
-# figures were made with: a lock, not a resolution, since ray[rllib] asks for an older gymnasium than ours and pip
-# would refuse the set; --no-deps installs it as it stood.
-#
-# The CleanRL-style peer needs no set-up: it runs on the bench extra's torch in the project's .venv.
+# Creates benchmarks/.venv-rllib, RLlib for benchmarks/peers.py, apart from the project's environment (ray pins its
+# own gymnasium); installs constraints-rllib.txt with --no-deps (a pip freeze: ray[rllib] asks for an older gymnasium
+# than ours), or with --relock resolves afresh and rewrites it. PYTHON=python3.11 picks the interpreter.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -24,9 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import REPO, RESULTS, fmt, load_average, median, table, write_results
+from harness import REPO, fmt, load_average, median, options, table, write_results
 
 FIRST_ITERATION = re.compile(r"^\s+1\s+\d+\s")
+# The table's medians and its ratios to the baseline per repeat, in column order.
+MEDIANS = ("first_iteration_s", "rank0_peak_mb", "worker_peak_mb", "job_peak_mb", "steps_per_s")
+RATIOS = ("first_iteration_s", "job_peak_mb", "steps_per_s")
 
 
 def job_processes(root_pid: int) -> list[int]:
@@ -117,15 +120,8 @@ def run_once(name: str, tree: Path, env_id: str, nprocs: int, total_steps: int, 
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = options(__doc__, "startup", env="Walker2d-v5", nprocs=8, total_steps=20480, repeats=3, timeout=600.0)
     parser.add_argument("variants", nargs="+", help="NAME=TREE, the first is the baseline")
-    parser.add_argument("--env", default="Walker2d-v5", help="environment (default: %(default)s)")
-    parser.add_argument("--nprocs", type=int, default=8, help="MPI processes (default: %(default)s)")
-    parser.add_argument("--total_steps", type=int, default=20480, help="steps per run (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default: %(default)s)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per run (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "startup",
-                        help="where runs.csv and results.md go (default: %(default)s)")
     return parser.parse_args()
 
 
@@ -153,20 +149,14 @@ def main() -> int:
     baseline = variants[0][0]
     for run in runs:
         base = next(r for r in runs if r["repeat"] == run["repeat"] and r["variant"] == baseline)
-        for key in ("first_iteration_s", "worker_peak_mb", "job_peak_mb", "steps_per_s"):
+        for key in RATIOS:
             run[f"{key}_ratio"] = run[key] / base[key]
     rows = []
     for name, _ in variants:
         mine = [r for r in runs if r["variant"] == name]
-        rows.append([name, args.nprocs,
-                     fmt(median([r["first_iteration_s"] for r in mine]), 1),
-                     fmt(median([r["rank0_peak_mb"] for r in mine])),
-                     fmt(median([r["worker_peak_mb"] for r in mine])),
-                     fmt(median([r["job_peak_mb"] for r in mine])),
-                     fmt(median([r["steps_per_s"] for r in mine])),
-                     ", ".join(f"{r['first_iteration_s_ratio']:.2f}" for r in mine),
-                     ", ".join(f"{r['job_peak_mb_ratio']:.2f}" for r in mine),
-                     ", ".join(f"{r['steps_per_s_ratio']:.2f}" for r in mine)])
+        rows.append([name, args.nprocs, fmt(median([r["first_iteration_s"] for r in mine]), 1),
+                     *(fmt(median([r[key] for r in mine])) for key in MEDIANS[1:]),
+                     *(", ".join(f"{r[key + '_ratio']:.2f}" for r in mine) for key in RATIOS)])
     header = ["variant", "nprocs", "launch to first iteration (s)", "rank 0 peak (MB)", "worker peak (MB)",
               "job peak (MB)", "steps/s", f"first iteration / {baseline}", f"job memory / {baseline}",
               f"steps/s / {baseline}"]

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import REPO, RESULTS, fmt, load_average, median, table, write_results
+from harness import REPO, fmt, load_average, median, options, table, write_results
 
 # Rank 0's share of a 2,048-step batch at --nprocs 2.
 ROLLOUT_STEPS = 1024
@@ -67,17 +67,6 @@ def turn_off(lever: str) -> None:
         algos.ppo.PPO._train_epoch_fn = epoch
 
 
-def set_up_tensorflow(intra_threads: int) -> None:
-    """In a child process: TensorFlow's threads as train.py sets them (``intra_threads`` intra-op threads, inter-op
-    min(2, CPUs), deterministic ops). TF_ENABLE_ONEDNN_OPTS must be in the environment already."""
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(intra_threads)
-    tf.config.threading.set_inter_op_parallelism_threads(min(2, os.cpu_count() or 1))
-    tf.config.experimental.enable_op_determinism()  # as train.py runs it
-
-
 def walker2d_ppo() -> tuple[Any, tuple]:
     """PPO with the default hyperparameters but target_kl=None on Walker2d-v5's ActorCritic (17 observations, 6
     actions), seed 0, and the fixed batch it is timed on: (obs (2048, 17) float32, act (2048, 6) float32, adv (2048,),
@@ -98,16 +87,6 @@ def walker2d_ppo() -> tuple[Any, tuple]:
     return ppo, batch
 
 
-def walker2d_env() -> Any:
-    """A Walker2d-v5 env and its action space, seeded with 0, for random_rollout."""
-    import gymnasium
-
-    env = gymnasium.make("Walker2d-v5")
-    env.reset(seed=0)
-    env.action_space.seed(0)
-    return env
-
-
 def random_rollout(env: Any) -> None:
     """ROLLOUT_STEPS steps of ``env`` with random actions, resetting at episode ends: rank 0's rollout between two
     updates in train.py."""
@@ -119,12 +98,22 @@ def random_rollout(env: Any) -> None:
 
 def child(intra_threads: int, lever: str, updates: int, between: str) -> None:
     """Time ``updates`` PPO updates of the algos this process imports (the parent's PYTHONPATH picks the checkout),
-    each after ``between``; print {"t_update": [s, ...]} as JSON."""
-    set_up_tensorflow(intra_threads)
+    each after ``between``; print {"t_update": [s, ...]} as JSON. TF_ENABLE_ONEDNN_OPTS is in the environment
+    already; TensorFlow's threads are set as train.py sets them (inter-op min(2, CPUs), deterministic ops)."""
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import gymnasium
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(intra_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(min(2, os.cpu_count() or 1))
+    tf.config.experimental.enable_op_determinism()
     if lever not in ("", "intra_all", "onednn_on"):
         turn_off(lever)
     ppo, batch = walker2d_ppo()
-    env = walker2d_env() if between == "rollout" else None
+    env = gymnasium.make("Walker2d-v5") if between == "rollout" else None  # what random_rollout steps
+    if env is not None:
+        env.reset(seed=0)
+        env.action_space.seed(0)
     for _ in range(2):
         ppo.update(*batch)
     times = []
@@ -157,9 +146,8 @@ def run_variant(name: str, tree: Path, lever: str, intra: int, onednn: str, upda
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = options(__doc__, "update", repeats=3)
     parser.add_argument("--baseline", default="f218846", help="the commit to compare with (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default: %(default)s)")
     parser.add_argument("--updates", type=int, default=10, help="timed updates per run (default: %(default)s)")
     parser.add_argument("--levers", default=",".join(LEVERS),
                         help="comma-separated levers to turn off one at a time, or '' (default: all)")
@@ -168,8 +156,6 @@ def parse_args() -> argparse.Namespace:
                              f"({ROLLOUT_STEPS:,} random-action steps of Walker2d-v5, as rank 0 rolls out between "
                              f"updates in train.py) or idle (a {ROLLOUT_S} s sleep, about that rollout's time) "
                              "(default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "update",
-                        help="where runs.csv and results.md go (default: %(default)s)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--intra", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--lever", default="", help=argparse.SUPPRESS)

@@ -14,11 +14,10 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import RESULTS, TIME_KEYS, fmt, load_average, median, run_train, summarize_run, table, write_results
+from harness import TIME_KEYS, fmt, load_average, median, options, run_train, summarize_run, table, write_results
 
 
 def parse_variant(text: str) -> tuple[str, list[str], dict[str, str]]:
@@ -36,20 +35,11 @@ def parse_variant(text: str) -> tuple[str, list[str], dict[str, str]]:
     return name, args, env
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args() -> argparse.Namespace:
+    parser = options(__doc__, "variants", env="Walker2d-v5", nprocs=[2, 8], total_steps=40_960, repeats=3, warmup=2,
+                     timeout=600.0)
     parser.add_argument("variants", nargs="+", help="NAME=ARGS, the first is the baseline (see above)")
-    parser.add_argument("--env", default="Walker2d-v5", help="gymnasium env id (default: %(default)s)")
-    parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 8], help="process counts (default: %(default)s)")
-    parser.add_argument("--total_steps", type=int, default=40_960,
-                        help="step budget of each run (default: %(default)s = 20 iterations of 2048)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per variant and process count "
-                        "(default: %(default)s)")
-    parser.add_argument("--warmup", type=int, default=2, help="first iterations left out (default: %(default)s)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take (default: %(default)s)")
-    parser.add_argument("--out", default=str(RESULTS / "variants"),
-                        help="output directory (default: %(default)s)")
-    return parser.parse_args(argv)
+    return parser.parse_args()
 
 
 def main() -> int:
@@ -97,7 +87,7 @@ def main() -> int:
     body = (f"Medians over repeats (seconds per iteration, rank 0); ratio = steps/s / the baseline's ({names[0]}), "
             "paired within a repeat:\n\n" + table(["nprocs", "variant", "steps/s", "rollout", "gather", "update",
                                                    "bcast", f"vs {names[0]}", "ratio per repeat"], rows))
-    write_results(Path(args.out).resolve(), runs, body, time.perf_counter() - started, loads, about)
+    write_results(args.out.resolve(), runs, body, time.perf_counter() - started, loads, about)
     return 0
 
 
