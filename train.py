@@ -144,8 +144,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     worker, action_rng = make_rollout_worker(config, rank, seed_path=())
     counters = Counters()
     job = job_resources()
-    learner = Learner(config, run_dir, worker.envs[0].observation_space, worker.envs[0].action_space,
-                      resuming) if rank == 0 else None
+    learner = Learner(config, run_dir, worker.obs, worker.action, resuming) if rank == 0 else None
     # What rank 0 broadcasts each iteration: the actor-critic's variables and normalizers, then the counters.
     actor_state = actor_state_to_receive(learner, worker, config.hidden)
     learner_state = [*actor_state, counters.array]
@@ -162,7 +161,8 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     try:
         while not counters.stop:
             t0 = time.monotonic()
-            actor = NumpyActor.from_ac_state([as_numpy(v) for v in actor_state], config.hidden, worker.is_discrete)
+            actor = NumpyActor.from_ac_state([as_numpy(v) for v in actor_state], config.hidden, worker.obs,
+                                             worker.action)
             stats, episodes = {}, None  # rank 0: this iteration's update and the episodes of the batch it learned
             if learner and learner.update_due(before_rollout=True):  # --policy_lag 1: while the others roll out
                 stats, episodes = learner.update(counters)

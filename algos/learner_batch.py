@@ -13,9 +13,11 @@ class LearnerBatch:
     """A gathered batch ready for the learner, as TF tensors of N rows."""
 
     obs: tf.Tensor
-    """(N, obs_dim) float32 observations normalized with the statistics the workers acted with."""
+    """(N, obs_dim) float32 observations normalized with the statistics the workers acted with, or (N, H, W, C)
+    uint8 images (the network scales them)."""
     act: tf.Tensor
-    """(N, act_dim) float32 (Box) or (N,) int64 (Discrete) actions, as sampled (unclipped)."""
+    """(N, act_dim) float32 (Box), (N,) int64 (Discrete) or (N, d) int64 (MultiDiscrete, MultiBinary) actions, as
+    sampled (unclipped)."""
     adv: tf.Tensor
     """(N,) float32 advantages normalized to zero mean and unit standard deviation over the batch."""
     v_target: tf.Tensor
@@ -29,7 +31,7 @@ def prepare_batch(
 ) -> LearnerBatch:
     """Normalize a batch for learning; merges ret into ac.ret_rms (but leaves ac.obs_rms alone).
 
-    obs (N, obs_dim) RAW observations; act (N, act_dim) float32 or (N,) int64; adv (N,) GAE advantages;
+    obs (N, obs_dim) RAW observations or (N, H, W, C) uint8 images; act as LearnerBatch.act; adv (N,) GAE advantages;
     ret (N,) value targets in return units.
     """
     adv = np.asarray(adv, dtype=np.float64)
@@ -41,7 +43,7 @@ def prepare_batch(
     ac.ret_rms.update(ret[:, None])
     v_target = ac.ret_rms.normalize(ret[:, None])[:, 0]
     return LearnerBatch(
-        obs=tf.constant(ac.obs_rms.normalize(obs)),
+        obs=tf.constant(ac.normalize_obs(obs)),
         act=tf.constant(act, dtype=tf.int64 if ac.is_discrete else tf.float32),
         adv=tf.constant(adv_n, dtype=tf.float32),
         v_target=tf.constant(v_target),
@@ -51,9 +53,9 @@ def prepare_batch(
 
 def batch_specs(ac: ActorCritic) -> tuple[tf.TensorSpec, tf.TensorSpec]:
     """TensorSpecs (obs, act) with a free batch size, so each tf.function is traced once for any N."""
-    obs_spec = tf.TensorSpec([None, ac.obs_dim], tf.float32)
+    obs_spec = tf.TensorSpec([None, *ac.obs.shape], tf.uint8 if ac.obs.is_image else tf.float32)
     if ac.is_discrete:
-        return obs_spec, tf.TensorSpec([None], tf.int64)
+        return obs_spec, tf.TensorSpec([None, *ac.action.shape], tf.int64)
     return obs_spec, tf.TensorSpec([None, ac.act_dim], tf.float32)
 
 

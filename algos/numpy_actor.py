@@ -1,4 +1,4 @@
-"""What the workers act with: the policy and value MLPs in numpy, with the observation and return normalizers.
+"""What the workers act with: the policy and value networks in numpy, with the observation and return normalizers.
 
 Numpy only (no TensorFlow), so that rollouts and ``train.py --play`` work without importing it.
 """
@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from algos.normalizer import RunningMeanStd
+from algos.spaces import ActionSpec, ObsSpec, conv_layers
 
 
 def numpy_mlp_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
@@ -29,20 +30,64 @@ def numpy_mlp_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
     return h
 
 
-def actor_critic_state_like(obs_dim: int, act_dim: int, hidden: tuple[int, ...], discrete: bool) -> list[np.ndarray]:
+def conv2d(x: np.ndarray, kernel: np.ndarray, stride: int) -> np.ndarray:
+    """A valid-padding convolution as one matrix product (im2col on BLAS): x (N, H, W, C) float32, kernel
+    (k, k, C, F) as Keras holds it -> (N, Ho, Wo, F) float32."""
+    k = kernel.shape[0]
+    windows = np.lib.stride_tricks.sliding_window_view(x, (k, k), axis=(1, 2))[:, ::stride, ::stride]
+    n, ho, wo = windows.shape[:3]
+    # windows: (N, Ho, Wo, C, k, k); the kernel's rows in the same (C, k, k) order.
+    columns = windows.reshape(n * ho * wo, -1)
+    return np.dot(columns, kernel.transpose(2, 0, 1, 3).reshape(-1, kernel.shape[3])).reshape(n, ho, wo, -1)
+
+
+def numpy_cnn_forward(weights: list[np.ndarray], x: np.ndarray, obs: ObsSpec) -> np.ndarray:
+    """The function of build_cnn in numpy: x (N, H, W, C) uint8 -> (N, out_dim) float32; weights as in model.weights.
+    Agrees with TensorFlow's to float32 round-off, not to the bit."""
+    convs, _ = conv_layers(obs.shape)
+    h = x.astype(np.float32)
+    h *= np.float32(obs.scale)
+    for i, (_, _, stride) in enumerate(convs):
+        h = conv2d(h, weights[2 * i], stride)
+        h += weights[2 * i + 1]
+        np.maximum(h, 0.0, out=h)
+    h = h.reshape(len(h), -1)
+    dense = weights[2 * len(convs):]
+    for i in range(0, len(dense), 2):
+        h = np.dot(h, dense[i])
+        h += dense[i + 1]
+        if i < len(dense) - 2:
+            np.maximum(h, 0.0, out=h)
+    return h
+
+
+def network_like(obs: ObsSpec, hidden: tuple[int, ...], out_dim: int) -> list[np.ndarray]:
+    """Zero arrays of the shapes of one network's weights (build_mlp's or build_cnn's), float32."""
+    arrays: list[np.ndarray] = []
+    if obs.is_image:
+        convs, dense = conv_layers(obs.shape)
+        height, width, channels = obs.shape
+        for filters, kernel, stride in convs:
+            arrays += [np.zeros((kernel, kernel, channels, filters), np.float32), np.zeros(filters, np.float32)]
+            height, width, channels = (height - kernel) // stride + 1, (width - kernel) // stride + 1, filters
+        sizes = [height * width * channels, dense, out_dim]
+    else:
+        sizes = [obs.shape[0], *hidden, out_dim]
+    for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
+        arrays += [np.zeros((n_in, n_out), np.float32), np.zeros(n_out, np.float32)]
+    return arrays
+
+
+def actor_critic_state_like(obs: ObsSpec, action: ActionSpec, hidden: tuple[int, ...]) -> list[np.ndarray]:
     """Arrays of the shapes and dtypes of ActorCritic.broadcast_state(), without TensorFlow: what a worker receives
-    rank 0's learner state into. pi_net [W0 (obs_dim, h0), b0 (h0,), ..., W (h_last, act_dim), b (act_dim,)] float32,
-    log_std (act_dim,) float32 unless discrete, v_net [W0, b0, ..., W (h_last, 1), b (1,)] float32, then obs_rms and
-    ret_rms [mean, var, count] as RunningMeanStd holds them. Values are placeholders until the broadcast."""
-
-    def mlp(out_dim: int) -> list[np.ndarray]:
-        sizes = [obs_dim, *hidden, out_dim]
-        return [a for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True)
-                for a in (np.zeros((n_in, n_out), np.float32), np.zeros(n_out, np.float32))]
-
-    log_std = [] if discrete else [np.zeros(act_dim, np.float32)]
+    rank 0's learner state into. pi_net's weights (network_like, action.n_outputs outputs) float32, log_std
+    (act_dim,) float32 for a Box, v_net's weights (one output) float32, then obs_rms and ret_rms [mean, var, count]
+    as RunningMeanStd holds them (obs_rms of one dimension for images, which it does not normalize). Values are
+    placeholders until the broadcast."""
+    log_std = [] if action.discrete else [np.zeros(action.n_outputs, np.float32)]
+    obs_dim = 1 if obs.is_image else obs.shape[0]
     normalizers = [a.copy() for a in RunningMeanStd(obs_dim).arrays() + RunningMeanStd(1).arrays()]
-    return mlp(act_dim) + log_std + mlp(1) + normalizers
+    return (network_like(obs, hidden, action.n_outputs) + log_std + network_like(obs, hidden, 1) + normalizers)
 
 
 class NumpyActor:
@@ -60,6 +105,8 @@ class NumpyActor:
         v_weights: list[np.ndarray],
         obs_rms: RunningMeanStd,
         ret_rms: RunningMeanStd,
+        obs: ObsSpec | None = None,
+        action: ActionSpec | None = None,
     ) -> None:
         self.pi_weights = pi_weights
         self.log_std = log_std
@@ -67,45 +114,51 @@ class NumpyActor:
         self.v_weights = v_weights
         self.obs_rms = obs_rms
         self.ret_rms = ret_rms
+        self.obs = obs or ObsSpec((pi_weights[0].shape[0],))
+        n_outputs = pi_weights[-1].shape[0]
+        self.action = action or (ActionSpec((n_outputs,)) if log_std is not None else ActionSpec((), (n_outputs,)))
+        # One categorical over the outputs (Discrete) takes the paths it always took, bit for bit.
+        self._one_categorical = self.action.discrete and self.action.shape == ()
         # obs_rms.normalize's mean and sqrt(var + epsilon), computed once instead of at every step.
         self._obs_mean = obs_rms.mean.copy()
         self._obs_scale = np.sqrt(obs_rms.var + obs_rms.epsilon)
         self._obs_clip = obs_rms.clip
 
     @classmethod
-    def from_ac_state(cls, ac_state: list[np.ndarray], hidden: tuple[int, ...], discrete: bool) -> NumpyActor:
-        """The actor of a checkpoint's ``ac_state`` (ActorCritic.broadcast_state() as numpy arrays): pi_net
-        [W0, b0, ...], log_std (act_dim,) if not discrete, v_net [W0, b0, ...], obs_rms [mean, var, count],
-        ret_rms [mean, var, count]; each MLP has len(hidden) + 1 layers."""
-        n_mlp = 2 * (len(hidden) + 1)
-        expected = 2 * n_mlp + (0 if discrete else 1) + 6
-        if len(ac_state) != expected:
-            raise ValueError(f"checkpoint holds {len(ac_state)} arrays, expected {expected} for hidden={hidden}")
+    def from_ac_state(cls, ac_state: list[np.ndarray], hidden: tuple[int, ...], obs: ObsSpec,
+                      action: ActionSpec) -> NumpyActor:
+        """The actor of a checkpoint's ``ac_state`` (ActorCritic.broadcast_state() as numpy arrays): pi_net's
+        weights, log_std (act_dim,) for a Box, v_net's weights, obs_rms [mean, var, count], ret_rms [mean, var,
+        count], in the layout of actor_critic_state_like(obs, action, hidden); ValueError when they do not fit."""
+        layout = actor_critic_state_like(obs, action, hidden)
         arrays = [np.asarray(a) for a in ac_state]
-        pi_weights, rest = arrays[:n_mlp], arrays[n_mlp:]
-        log_std = None if discrete else rest.pop(0)
-        v_weights, rest = rest[:n_mlp], rest[n_mlp:]
-        obs_dim = pi_weights[0].shape[0]
+        if [a.shape for a in arrays] != [a.shape for a in layout]:
+            raise ValueError(f"checkpoint holds {len(arrays)} arrays that do not fit a policy for observations "
+                             f"{obs.shape}, actions {action.shape} and hidden={hidden}")
+        n_net = len(network_like(obs, hidden, 1))
+        pi_weights, rest = arrays[:n_net], arrays[n_net:]
+        log_std = None if action.discrete else rest.pop(0)
+        v_weights, rest = rest[:n_net], rest[n_net:]
         # The settings ActorCritic gives its normalizers; the statistics come from the checkpoint.
-        obs_rms, ret_rms = RunningMeanStd(obs_dim), RunningMeanStd(1, clip=1e6)
+        obs_rms, ret_rms = RunningMeanStd(len(rest[0])), RunningMeanStd(1, clip=1e6)
         for dst, src in zip(obs_rms.arrays() + ret_rms.arrays(), rest, strict=True):
             np.copyto(dst, src)
-        return cls(pi_weights, log_std, v_weights, obs_rms, ret_rms)
+        return cls(pi_weights, log_std, v_weights, obs_rms, ret_rms, obs, action)
 
     def act(self, raw_obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False) -> np.ndarray:
-        """Actions for raw_obs (N, obs_dim): (N, act_dim) float32 (Box, NOT clipped) or (N,) int64.
-        deterministic: the mean (Box) or the most likely action (Discrete) instead of a sample.
-        """
+        """Actions for raw_obs (N, *obs shape): (N, act_dim) float32 (Box, NOT clipped), (N,) int64 (Discrete) or
+        (N, d) int64 (MultiDiscrete, MultiBinary). deterministic: the mean (Box) or the most likely choices instead
+        of a sample."""
         if deterministic:
-            out = numpy_mlp_forward(self.pi_weights, self._normalize(raw_obs))
-            return out if self.std is not None else np.argmax(out, axis=1).astype(np.int64)
+            out = self._forward(self.pi_weights, raw_obs)
+            return out if self.std is not None else self._choices(out)
         return self.act_with_noise(raw_obs, self.exploration_noise(rng, len(raw_obs)))
 
     def exploration_noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """What act() adds to the policy's output for n actions, drawn from rng as act() draws it: (n, act_dim)
-        float32 std * N(0, 1) (Box) or (n, n_actions) float64 Gumbel noise (Discrete; argmax(logits + Gumbel noise)
-        is a sample of softmax(logits)). Drawing many rows in one call gives the same numbers as drawing them a few
-        at a time, so a rollout can draw a whole batch's noise at once and act row by row with act_with_noise,
+        float32 std * N(0, 1) (Box) or (n, n_logits) float64 Gumbel noise (categoricals; argmax(logits + Gumbel
+        noise) is a sample of softmax(logits)). Drawing many rows in one call gives the same numbers as drawing them a
+        few at a time, so a rollout can draw a whole batch's noise at once and act row by row with act_with_noise,
         bit for bit what act() would do."""
         if self.std is None:
             return rng.gumbel(size=(n, self.pi_weights[-1].shape[0]))
@@ -114,33 +167,55 @@ class NumpyActor:
         return noise
 
     def act_with_noise(self, raw_obs: np.ndarray, noise: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """act() with its noise given: raw_obs (N, obs_dim), noise (N, ...) rows of exploration_noise(). Writes the
-        actions into out ((N, act_dim) float32 or (N,) int64) when given, and returns them."""
-        policy_out = numpy_mlp_forward(self.pi_weights, self._normalize(raw_obs))
+        """act() with its noise given: raw_obs (N, *obs shape), noise (N, ...) rows of exploration_noise(). Writes
+        the actions into out (act()'s shapes) when given, and returns them."""
+        policy_out = self._forward(self.pi_weights, raw_obs)
         if self.std is None:
-            policy_out = policy_out + noise
-            if out is not None:
-                return np.argmax(policy_out, axis=1, out=out)
-            return np.argmax(policy_out, axis=1).astype(np.int64, copy=False)
+            return self._choices(policy_out + noise, out)
         return np.add(policy_out, noise, out=out)
 
+    def _choices(self, scores: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The argmax of each categorical's scores (N, n_logits): (N,) int64 for one, (N, d) int64 for d."""
+        if self._one_categorical:
+            if out is not None:
+                return np.argmax(scores, axis=1, out=out)
+            return np.argmax(scores, axis=1).astype(np.int64, copy=False)
+        segments = np.split(scores, np.cumsum(self.action.nvec)[:-1], axis=1)
+        choices = np.stack([np.argmax(segment, axis=1) for segment in segments], axis=1).astype(np.int64)
+        if out is not None:
+            out[...] = choices
+            return out
+        return choices
+
     def log_prob(self, raw_obs: np.ndarray, act: np.ndarray) -> np.ndarray:
-        """log pi(act | raw_obs) under this snapshot, (N,) float64: raw_obs (N, obs_dim), act (N, act_dim) float32
-        unclipped (Box) or (N,) int64 (Discrete). The formula of ActorCritic.log_prob, in float64."""
-        out = numpy_mlp_forward(self.pi_weights, self._normalize(raw_obs)).astype(np.float64)
+        """log pi(act | raw_obs) under this snapshot, (N,) float64: raw_obs (N, *obs shape), act as act() returns
+        it. The formula of ActorCritic.log_prob, in float64."""
+        out = self._forward(self.pi_weights, raw_obs).astype(np.float64)
         if self.std is None:
-            shifted = out - out.max(axis=1, keepdims=True)
-            log_softmax = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-            return log_softmax[np.arange(len(act)), act]
+            act = np.asarray(act).reshape(len(out), -1)
+            segments = np.split(out, np.cumsum(self.action.nvec)[:-1], axis=1)
+            total = np.zeros(len(out))
+            for i, segment in enumerate(segments):
+                shifted = segment - segment.max(axis=1, keepdims=True)
+                log_softmax = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+                total += log_softmax[np.arange(len(act)), act[:, i]]
+            return total
         log_std = self.log_std.astype(np.float64)
         z = (np.asarray(act, dtype=np.float64) - out) * np.exp(-log_std)
         return -0.5 * np.square(z).sum(axis=1) - (log_std.sum() + 0.5 * len(log_std) * math.log(2.0 * math.pi))
 
     def value(self, raw_obs: np.ndarray) -> np.ndarray:
-        """Values of raw_obs (N, obs_dim), (N,) float32 in RETURN units (de-normalized with ret_rms)."""
-        v = numpy_mlp_forward(self.v_weights, self._normalize(raw_obs))[:, 0]
+        """Values of raw_obs (N, *obs shape), (N,) float32 in RETURN units (de-normalized with ret_rms)."""
+        v = self._forward(self.v_weights, raw_obs)[:, 0]
         scale = np.sqrt(self.ret_rms.var[0] + self.ret_rms.epsilon)
         return (v * scale + self.ret_rms.mean[0]).astype(np.float32)
+
+    def _forward(self, weights: list[np.ndarray], raw_obs: np.ndarray) -> np.ndarray:
+        """One network on raw observations: images through the CNN (scaled inside), vectors normalized, then
+        through the MLP."""
+        if self.obs.is_image:
+            return numpy_cnn_forward(weights, raw_obs, self.obs)
+        return numpy_mlp_forward(weights, self._normalize(raw_obs))
 
     def _normalize(self, raw_obs: np.ndarray) -> np.ndarray:
         """self.obs_rms.normalize(raw_obs) as it was at construction, bit for bit: the same float64 operations in

@@ -6,9 +6,10 @@ import gymnasium
 import numpy as np
 import tensorflow as tf
 
-from algos.networks import build_mlp
+from algos.networks import build_cnn, build_mlp
 from algos.normalizer import RunningMeanStd
 from algos.numpy_actor import NumpyActor
+from algos.spaces import ActionSpec, ObsSpec, action_spec
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -17,45 +18,63 @@ class ActorCritic:
     """The learner's networks, built identically on every rank (call keras.utils.set_random_seed before).
 
     Attributes:
-        is_discrete: True for a Discrete action space (categorical policy), False for Box (diagonal Gaussian).
-        act_dim: action dimension (Box) or number of actions (Discrete).
-        pi_net: normalized obs (N, obs_dim) -> mean (Box) or logits (Discrete) (N, act_dim); output gain
-            0.01 so the initial policy is near uniform / centred.
-        log_std: (act_dim,) state-independent log standard deviation (Box), None for Discrete.
-        v_net: normalized obs (N, obs_dim) -> (N, 1) value of the NORMALIZED return (see ret_rms).
-        obs_rms: (obs_dim,) observation statistics, owned by rank 0.
+        obs: what the networks read (algos.spaces.ObsSpec): vectors (an MLP each) or images (a CNN each).
+        action: how the policy acts (algos.spaces.ActionSpec).
+        is_discrete: True for categorical actions (Discrete, MultiDiscrete, MultiBinary), False for a Box (diagonal
+            Gaussian).
+        act_dim: the policy's outputs: the action dimension (Box) or the logits of every categorical.
+        pi_net: normalize_obs(obs) (N, ...) -> mean (Box) or logits (N, act_dim); output gain 0.01 so the initial
+            policy is near uniform / centred.
+        log_std: (act_dim,) state-independent log standard deviation (Box), None for categoricals.
+        v_net: normalize_obs(obs) (N, ...) -> (N, 1) value of the NORMALIZED return (see ret_rms).
+        obs_rms: (obs_dim,) observation statistics, owned by rank 0 (one placeholder dimension for images).
         ret_rms: (1,) statistics of the gathered returns; value targets are (ret - mean) / sqrt(var + eps).
 
-    The TF helpers below take normalized observations (N, obs_dim) float32 tensors and are meant to run
-    inside tf.function.
+    The TF helpers below take what normalize_obs returns, as tensors, and are meant to run inside tf.function.
     """
 
     def __init__(
         self,
-        obs_dim: int,
-        action_space: gymnasium.spaces.Box | gymnasium.spaces.Discrete,
+        observation: int | ObsSpec,
+        action_space: gymnasium.spaces.Space | ActionSpec,
         hidden: tuple[int, ...],
         init_log_std: float = 0.0,
     ) -> None:
-        if isinstance(action_space, gymnasium.spaces.Discrete):
-            self.is_discrete = True
-            self.act_dim = int(action_space.n)
-        elif isinstance(action_space, gymnasium.spaces.Box) and len(action_space.shape) == 1:
-            self.is_discrete = False
-            self.act_dim = int(action_space.shape[0])
+        self.obs = observation if isinstance(observation, ObsSpec) else ObsSpec((int(observation),))
+        try:
+            self.action = action_space if isinstance(action_space, ActionSpec) else action_spec(action_space)
+        except ValueError as error:
+            raise TypeError(str(error)) from None
+        self.is_discrete = self.action.discrete
+        self.act_dim = self.action.n_outputs
+        # Images are scaled inside the network, not normalized: their statistics would cost a float per pixel.
+        self.obs_dim = 1 if self.obs.is_image else self.obs.shape[0]
+        if self.obs.is_image:
+            self.pi_net = build_cnn(self.obs, self.act_dim, output_gain=0.01)
+            self.v_net = build_cnn(self.obs, 1, output_gain=1.0)
         else:
-            raise TypeError(f"unsupported action space {action_space}: need Discrete or a 1-D Box")
-        self.obs_dim = obs_dim
-        self.pi_net = build_mlp(obs_dim, self.act_dim, hidden, output_gain=0.01)
+            self.pi_net = build_mlp(self.obs_dim, self.act_dim, hidden, output_gain=0.01)
+            self.v_net = build_mlp(self.obs_dim, 1, hidden, output_gain=1.0)
         self.log_std = (
             None
             if self.is_discrete
             else tf.Variable(np.full(self.act_dim, init_log_std, dtype=np.float32), name="log_std")
         )
-        self.v_net = build_mlp(obs_dim, 1, hidden, output_gain=1.0)
-        self.obs_rms = RunningMeanStd(obs_dim)
+        self.obs_rms = RunningMeanStd(self.obs_dim)
         # The clip only guards against overflow: a return 1e6 standard deviations out is not a real sample.
         self.ret_rms = RunningMeanStd(1, clip=1e6)
+        # Several categoricals (MultiDiscrete, MultiBinary): the logits' split; one (Discrete) keeps its own path.
+        self._splits = None if not self.is_discrete or self.action.shape == () else list(self.action.nvec)
+
+    def normalize_obs(self, obs: np.ndarray) -> np.ndarray:
+        """What the networks take: vectors (N, obs_dim) normalized with obs_rms, float32; images (N, H, W, C) as
+        uint8, which the network scales."""
+        return obs.astype(np.uint8, copy=False) if self.obs.is_image else self.obs_rms.normalize(obs)
+
+    def update_obs_stats(self, obs: np.ndarray) -> None:
+        """Merge a batch's raw vectors (N, obs_dim) into obs_rms; images have no statistics."""
+        if not self.obs.is_image:
+            self.obs_rms.update(obs)
 
     def policy_variables(self) -> list[tf.Variable]:
         """pi_net weights [W0, b0, ...] then log_std (Box only)."""
@@ -86,6 +105,8 @@ class ActorCritic:
             v_weights=[w.numpy() for w in self.v_net.weights],
             obs_rms=self.obs_rms.copy(),
             ret_rms=self.ret_rms.copy(),
+            obs=self.obs,
+            action=self.action,
         )
 
     def dist_params(self, obs: tf.Tensor) -> tf.Tensor:
@@ -99,6 +120,9 @@ class ActorCritic:
     def log_prob(self, obs: tf.Tensor, act: tf.Tensor) -> tf.Tensor:
         """log pi(act | obs), (N,); act (N, act_dim) float32 (Box) or (N,) int64 (Discrete)."""
         out = self.pi_net(obs)
+        if self._splits is not None:
+            return tf.add_n([tf.gather(tf.nn.log_softmax(logits), act[:, i], batch_dims=1)
+                             for i, logits in enumerate(tf.split(out, self._splits, axis=1))])
         if self.log_std is None:
             return tf.gather(tf.nn.log_softmax(out), act, batch_dims=1)
         z = (act - out) * tf.exp(-self.log_std)
@@ -108,8 +132,9 @@ class ActorCritic:
     def entropy(self, obs: tf.Tensor) -> tf.Tensor:
         """Entropy of pi(. | obs), (N,)."""
         if self.log_std is None:
-            logp = tf.nn.log_softmax(self.pi_net(obs))
-            return -tf.reduce_sum(tf.exp(logp) * logp, axis=1)
+            segments = [self.pi_net(obs)] if self._splits is None else tf.split(self.pi_net(obs), self._splits, axis=1)
+            logps = [tf.nn.log_softmax(logits) for logits in segments]
+            return tf.add_n([-tf.reduce_sum(tf.exp(logp) * logp, axis=1) for logp in logps])
         per_state = tf.reduce_sum(self.log_std) + 0.5 * self.act_dim * (1.0 + _LOG_2PI)
         return tf.fill([tf.shape(obs)[0]], per_state)
 
@@ -117,9 +142,14 @@ class ActorCritic:
         """Mean over the batch of KL(old || new), a scalar; old_params (N, P) from dist_params."""
         new_params = self.dist_params(obs)
         if self.log_std is None:
-            old_logp = tf.nn.log_softmax(old_params)
-            new_logp = tf.nn.log_softmax(new_params)
-            return tf.reduce_mean(tf.reduce_sum(tf.exp(old_logp) * (old_logp - new_logp), axis=1))
+            pairs = ([(old_params, new_params)] if self._splits is None else
+                     zip(tf.split(old_params, self._splits, axis=1), tf.split(new_params, self._splits, axis=1),
+                         strict=True))
+            per_state = []
+            for old, new in pairs:
+                old_logp, new_logp = tf.nn.log_softmax(old), tf.nn.log_softmax(new)
+                per_state.append(tf.reduce_sum(tf.exp(old_logp) * (old_logp - new_logp), axis=1))
+            return tf.reduce_mean(tf.add_n(per_state))
         old_mean, old_log_std = tf.split(old_params, 2, axis=1)
         new_mean, new_log_std = tf.split(new_params, 2, axis=1)
         per_dim = (

@@ -70,7 +70,7 @@ class PPO:
         self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray,
         behavior_logp: np.ndarray | None = None,
     ) -> dict[str, float]:
-        """One PPO update on a gathered batch of N rows, then obs_rms merges obs.
+        """One PPO update on a gathered batch of N rows, then obs_rms merges obs (vectors).
 
         obs (N, obs_dim) float32 RAW observations; act (N, act_dim) float32 or (N,) int64; adv (N,) GAE
         advantages, not yet normalized; ret (N,) value targets in return units; behavior_logp (N,) float64: the
@@ -96,7 +96,7 @@ class PPO:
                 break
         kl = float(self._batch_kl(old_params, batch.obs))
         # After the update, so the next iteration's actors normalize with statistics that include this batch.
-        self.ac.obs_rms.update(obs)
+        self.ac.update_obs_stats(obs)
         # Every epoch has the same number of minibatches: the mean of epoch means is the mean over steps.
         pi_loss, v_loss, entropy, clip_frac = sums / epochs
         return {

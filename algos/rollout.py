@@ -9,6 +9,7 @@ import numpy as np
 
 from algos.gae import gae_advantages
 from algos.numpy_actor import NumpyActor
+from algos.spaces import action_spec, obs_spec
 from mpi_util.stall import heartbeat
 
 # With a shared budget, a rank takes this many lockstep steps of its envs at a time: one take (an MPI atomic, ~2 us)
@@ -21,9 +22,10 @@ class _Steps:
     """What one collect's stepping recorded, time-major (row t: lockstep row t; K envs)."""
 
     obs: np.ndarray
-    """(rows + 1, K, obs_dim) float32; obs[steps_of_env[k], k] is env k's observation to go on from."""
+    """(rows + 1, K, *obs shape) float32 vectors or uint8 images; obs[steps_of_env[k], k] is env k's observation to
+    go on from."""
     act: np.ndarray
-    """(rows, K, *act_shape): float32 unclipped, or int64."""
+    """(rows, K, *act_shape): float32 unclipped, or int64 choices."""
     rewards: np.ndarray
     """(rows, K) float64."""
     episode_ends: np.ndarray
@@ -60,14 +62,13 @@ class RolloutWorker:
         if not self.envs:
             raise ValueError("need at least one env")
         env = self.envs[0]
-        if len(env.observation_space.shape) != 1:
-            raise ValueError(f"need a flat observation space, got shape {env.observation_space.shape}")
         self.gamma = gamma
         self.lam = lam
-        self.is_discrete = isinstance(env.action_space, gymnasium.spaces.Discrete)
-        self.obs_dim = env.observation_space.shape[0]
-        self.act_shape = () if self.is_discrete else env.action_space.shape
-        self._obs = np.empty((len(self.envs), self.obs_dim), dtype=np.float32)
+        self.obs = obs_spec(env.observation_space)  # ValueError names what is supported
+        self.action = action_spec(env.action_space)
+        self.is_discrete = self.action.discrete
+        self.act_shape = self.action.shape
+        self._obs = np.empty((len(self.envs), *self.obs.shape), dtype=self.obs.dtype)
         for k, env_k in enumerate(self.envs):
             seed_k = seed if k == 0 else int(np.random.SeedSequence(seed, spawn_key=(k,)).generate_state(1)[0])
             env_k.action_space.seed(seed_k)
@@ -87,9 +88,10 @@ class RolloutWorker:
         fewer when k is at or past the remainder of the last take.
 
         Returns (batch, episodes):
-            batch: {"obs": (n, obs_dim) float32 RAW observations, "act": (n, act_dim) float32 unclipped or
-                (n,) int64, "adv": (n,) float32 GAE advantages (not normalized), "ret": (n,) float32 value
-                targets}; env 0's steps first, then env 1's, and so on.
+            batch: {"obs": (n, obs_dim) float32 RAW observations or (n, H, W, C) uint8 images, "act": (n, act_dim)
+                float32 unclipped, (n,) int64 (Discrete) or (n, d) int64 (MultiDiscrete, MultiBinary), "adv": (n,)
+                float32 GAE advantages (not normalized), "ret": (n,) float32 value targets}; env 0's steps first,
+                then env 1's, and so on.
             episodes: {"ep_return": (E,) float64, "ep_length": (E,) int64} of the episodes that FINISHED
                 (terminated or truncated) during this call, counting their steps from earlier calls too.
 
@@ -129,7 +131,7 @@ class RolloutWorker:
         longest = -(-n_steps // n_envs)  # the most lockstep rows this call can run
         # Time-major, so that the actor reads one contiguous block per step and env k writes its next observation
         # straight into row t + 1 (cast to float32 there).
-        obs = np.empty((longest + 1, n_envs, self.obs_dim), dtype=np.float32)
+        obs = np.empty((longest + 1, n_envs, *self.obs.shape), dtype=self.obs.dtype)
         obs[0] = self._obs
         act = np.empty((longest, n_envs, *self.act_shape), dtype=np.int64 if self.is_discrete else np.float32)
         rewards = np.zeros((longest, n_envs), dtype=np.float64)
@@ -142,8 +144,8 @@ class RolloutWorker:
         ep_return = self._ep_return.tolist()
         ep_length = self._ep_length.tolist()
         # x.dot(zeros) is NaN exactly when x holds a NaN or an infinity (0 * inf is NaN), and costs a fifth of
-        # np.isfinite(x).all().
-        zeros = np.zeros(self.obs_dim, dtype=np.float32)
+        # np.isfinite(x).all(). Images are integers: always finite.
+        zeros = None if self.obs.is_image else np.zeros(self.obs.shape[0], dtype=np.float32)
         space = self.envs[0].action_space
         # np.minimum(np.maximum(...)) is np.clip bit for bit, without np.clip's Python-level dispatch, which
         # costs as much as the policy's forward pass at one row per step.
@@ -155,13 +157,16 @@ class RolloutWorker:
             rows, last_active = t + 1, active
             heartbeat()  # ranks waiting for this one see it advance
             actions = actor.act_with_noise(obs[t, :active], noise, out=act[t, :active])
-            env_actions = actions.tolist() if self.is_discrete else np.minimum(np.maximum(actions, low), high)
+            if not self.is_discrete:
+                env_actions = np.minimum(np.maximum(actions, low), high)
+            else:  # Python ints for Discrete; MultiDiscrete and MultiBinary take their rows
+                env_actions = actions.tolist() if self.act_shape == () else actions
             next_rows = obs[t + 1]
             for k in range(active):
                 next_obs, reward, terminated, truncated, _ = self.envs[k].step(env_actions[k])
                 next_row = next_rows[k]
                 next_row[...] = next_obs
-                if not (math.isfinite(reward) and math.isfinite(next_row.dot(zeros))):
+                if not (math.isfinite(reward) and (zeros is None or math.isfinite(next_row.dot(zeros)))):
                     raise ValueError(
                         f"non-finite observation or reward at step {t} of this collect "
                         f"(env {k}, step {ep_length[k] + 1} of its episode): reward={reward}, "
@@ -239,22 +244,24 @@ class RolloutWorker:
                 return
 
     def episode_state(self) -> dict:
-        """The episodes in progress, for a checkpoint: {"obs": (K, obs_dim) float32 current observations,
+        """The episodes in progress, for a checkpoint: {"obs": (K, *obs shape) current observations,
         "ep_return": (K,) float64 and "ep_length": (K,) int64 so far}. The envs' own states are saved separately."""
         return {"obs": self._obs.copy(), "ep_return": self._ep_return.copy(), "ep_length": self._ep_length.copy()}
 
     def restore_episode(self, state: dict) -> None:
         """Continue the episodes episode_state() saved (after self.envs were restored to the same moment); also
         takes the one-env form of older checkpoints ((obs_dim,) obs, scalar return and length)."""
-        self._obs = np.array(state["obs"], dtype=np.float32).reshape(len(self.envs), self.obs_dim)
+        self._obs = np.array(state["obs"], dtype=self.obs.dtype).reshape(len(self.envs), *self.obs.shape)
         self._ep_return = np.array(state["ep_return"], dtype=np.float64).reshape(len(self.envs))
         self._ep_length = np.array(state["ep_length"], dtype=np.int64).reshape(len(self.envs))
 
     @staticmethod
     def _reset(env: gymnasium.Env, seed: int | None) -> np.ndarray:
-        """Reset env; the first observation as float32 (obs_dim,), ValueError if NaN or infinite."""
+        """Reset env; the first observation as an array, ValueError if NaN or infinite."""
         obs, _ = env.reset(seed=seed)
-        obs = np.asarray(obs, dtype=np.float32)
-        if not np.all(np.isfinite(obs)):
+        obs = np.asarray(obs)
+        if obs.dtype.kind == "f":
+            obs = obs.astype(np.float32)
+        if obs.dtype.kind == "f" and not np.all(np.isfinite(obs)):
             raise ValueError(f"non-finite observation from env.reset(): {obs}")
         return obs

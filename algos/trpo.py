@@ -75,7 +75,7 @@ class TRPO:
         self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray,
         behavior_logp: np.ndarray | None = None,
     ) -> dict[str, float]:
-        """One TRPO update on a gathered batch of N rows, then obs_rms merges obs.
+        """One TRPO update on a gathered batch of N rows, then obs_rms merges obs (vectors).
 
         obs (N, obs_dim) float32 RAW observations; act (N, act_dim) float32 or (N,) int64; adv (N,) GAE
         advantages, not yet normalized; ret (N,) value targets in return units; behavior_logp (N,) float64: the
@@ -93,7 +93,7 @@ class TRPO:
         )
         v_loss = self._fit_value(batch)
         # After the update, so the next iteration's actors normalize with statistics that include this batch.
-        self.ac.obs_rms.update(obs)
+        self.ac.update_obs_stats(obs)
         return {
             "pi_loss": -surrogate,
             "v_loss": v_loss,

@@ -9,10 +9,16 @@ import pytest
 import tensorflow as tf
 
 from algos import ActorCritic, NumpyActor, build_mlp, numpy_mlp_forward
+from algos.networks import build_cnn, numpy_cnn_forward
 from algos.numpy_actor import actor_critic_state_like
+from algos.spaces import ObsSpec, action_spec
 
 BOX = gymnasium.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
 DISCRETE = gymnasium.spaces.Discrete(4)
+MULTI = gymnasium.spaces.MultiDiscrete([3, 2, 4])
+BINARY = gymnasium.spaces.MultiBinary(3)
+SPACES = [BOX, DISCRETE, MULTI, BINARY]
+SPACE_IDS = ["box", "discrete", "multidiscrete", "multibinary"]
 
 
 def actor_critic(space, seed: int = 0, init_log_std: float = -0.5) -> ActorCritic:
@@ -136,23 +142,23 @@ def test_noise_drawn_for_a_block_acts_as_act_row_by_row(space):
     assert row_rng.random() == block_rng.random()
 
 
-@pytest.mark.parametrize("space", [BOX, DISCRETE], ids=["box", "discrete"])
+@pytest.mark.parametrize("space", SPACES, ids=SPACE_IDS)
 def test_numpy_actor_from_checkpoint_state_equals_snapshot(space):
     # --play rebuilds the actor from a checkpoint's ac_state without TensorFlow; it must act as the learner's own.
     ac = actor_critic(space)
     ac_state = [v.numpy() if hasattr(v, "numpy") else np.array(v) for v in ac.broadcast_state()]
-    rebuilt = NumpyActor.from_ac_state(ac_state, hidden=(16, 16), discrete=space is DISCRETE)
+    rebuilt = NumpyActor.from_ac_state(ac_state, (16, 16), ObsSpec((5,)), action_spec(space))
     snapshot = ac.numpy_actor()
     raw = np.random.default_rng(6).normal(2.0, 3.0, size=(50, 5)).astype(np.float32)
     for deterministic in (True, False):
         np.testing.assert_array_equal(rebuilt.act(raw, np.random.default_rng(0), deterministic),
                                       snapshot.act(raw, np.random.default_rng(0), deterministic))
     np.testing.assert_array_equal(rebuilt.value(raw), snapshot.value(raw))
-    with pytest.raises(ValueError, match="expected"):
-        NumpyActor.from_ac_state(ac_state, hidden=(16, 16, 16), discrete=space is DISCRETE)
+    with pytest.raises(ValueError, match="do not fit a policy"):
+        NumpyActor.from_ac_state(ac_state, (16, 16, 16), ObsSpec((5,)), action_spec(space))
 
 
-@pytest.mark.parametrize("space", [BOX, DISCRETE], ids=["box", "discrete"])
+@pytest.mark.parametrize("space", SPACES, ids=SPACE_IDS)
 def test_numpy_actor_log_prob_equals_the_learners(space):
     # --policy_lag 1 weights each row by pi_current / pi_behavior, the behavior's log-probabilities from the numpy
     # actor that acted: on the same weights the two must agree, so that the weight is 1 up to round-off.
@@ -203,11 +209,64 @@ def test_log_prob_entropy_kl_discrete():
     np.testing.assert_allclose(float(ac.kl(old, obs)), expected_kl, rtol=1e-4)
 
 
-@pytest.mark.parametrize("space", [BOX, DISCRETE], ids=["box", "discrete"])
+@pytest.mark.parametrize("space", SPACES, ids=SPACE_IDS)
 @pytest.mark.parametrize("hidden", [(16, 16), (7,), (8, 5, 3)])
 def test_worker_state_has_the_learner_state_shapes_and_dtypes(space, hidden):
     # Workers receive rank 0's learner state into these arrays without building the TensorFlow model.
     learner = [np.asarray(v) for v in ActorCritic(5, space, hidden=hidden).broadcast_state()]
-    act_dim = space.n if space is DISCRETE else space.shape[0]
-    worker = actor_critic_state_like(5, act_dim, hidden, discrete=space is DISCRETE)
+    worker = actor_critic_state_like(ObsSpec((5,)), action_spec(space), hidden)
     assert [(a.shape, a.dtype) for a in worker] == [(a.shape, a.dtype) for a in learner]
+
+
+# Atari's stacked 84x84 frames take the Nature CNN; MinAtar's 10x10 boards the one-layer torso.
+IMAGES = [ObsSpec((84, 84, 4), scale=1 / 255), ObsSpec((10, 10, 6), scale=1.0)]
+
+
+@pytest.mark.parametrize("obs", IMAGES, ids=["nature", "minatar"])
+def test_numpy_cnn_agrees_with_tensorflow_on_uint8_images(obs):
+    keras.utils.set_random_seed(0)
+    model = build_cnn(obs, 6, output_gain=1.0)
+    high = int(round(1 / obs.scale))
+    images = np.random.default_rng(0).integers(0, high + 1, size=(5, *obs.shape), dtype=np.uint8)
+    expected = model(images).numpy()
+    got = numpy_cnn_forward([w.numpy() for w in model.weights], images, obs)
+    assert got.dtype == np.float32 and got.shape == (5, 6)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    assert np.abs(expected).max() > 1e-2  # not all zeros by dead units
+
+
+@pytest.mark.parametrize("obs", IMAGES, ids=["nature", "minatar"])
+@pytest.mark.parametrize("space", SPACES, ids=SPACE_IDS)
+def test_image_policies_worker_state_and_actor_agree_with_the_learner(obs, space):
+    keras.utils.set_random_seed(1)
+    ac = ActorCritic(obs, space, hidden=(64, 64))
+    learner = [np.asarray(v) for v in ac.broadcast_state()]
+    worker = actor_critic_state_like(obs, action_spec(space), (64, 64))
+    assert [(a.shape, a.dtype) for a in worker] == [(a.shape, a.dtype) for a in learner]
+    images = np.random.default_rng(1).integers(0, 2, size=(7, *obs.shape), dtype=np.uint8)
+    actor = NumpyActor.from_ac_state(learner, (64, 64), obs, action_spec(space))
+    act = actor.act(images, np.random.default_rng(0))
+    np.testing.assert_allclose(actor.log_prob(images, act), ac.log_prob(tf.constant(images), tf.constant(act)).numpy(),
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(actor.value(images), ac.value(tf.constant(images)).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_log_prob_entropy_kl_of_several_categoricals_are_sums_over_them():
+    # MultiDiscrete([3, 2, 4]): three independent categoricals over the logits' three slices.
+    ac = actor_critic(MULTI)
+    obs = tf.constant(np.random.default_rng(4).normal(size=(10, 5)).astype(np.float32))
+    act = np.stack([np.random.default_rng(i).integers(0, n, 10) for i, n in enumerate((3, 2, 4))], axis=1)
+
+    def log_softmaxes(logits: np.ndarray) -> list[np.ndarray]:
+        return [s - np.log(np.exp(s).sum(axis=1, keepdims=True)) for s in np.split(logits, [3, 5], axis=1)]
+
+    logps = log_softmaxes(ac.pi_net(obs).numpy().astype(np.float64))
+    expected_logp = sum(logp[np.arange(10), act[:, i]] for i, logp in enumerate(logps))
+    np.testing.assert_allclose(ac.log_prob(obs, tf.constant(act)).numpy(), expected_logp, rtol=1e-5)
+    expected_entropy = sum(-(np.exp(logp) * logp).sum(axis=1) for logp in logps)
+    np.testing.assert_allclose(ac.entropy(obs).numpy(), expected_entropy, rtol=1e-5)
+    old = ac.dist_params(obs)
+    ac.pi_net.weights[-1].assign(np.linspace(-0.3, 0.3, 9, dtype=np.float32))
+    new_logps = log_softmaxes(ac.pi_net(obs).numpy().astype(np.float64))
+    expected_kl = sum((np.exp(a) * (a - b)).sum(axis=1) for a, b in zip(logps, new_logps, strict=True)).mean()
+    np.testing.assert_allclose(float(ac.kl(old, obs)), expected_kl, rtol=1e-4)

@@ -336,16 +336,16 @@ def test_resume_honours_changes_however_spelled_and_refuses_the_rest(tmp_path):
 def test_lr_sets_trpo_value_function_learning_rate_and_config_records_it(tmp_path):
     # Learner is what train() runs on rank 0; run in a fresh process (TensorFlow's threads are set once per process).
     code = (
-        "import json, sys, gymnasium\n"
+        "import json, sys\n"
         "from pathlib import Path\n"
+        "from algos.spaces import ActionSpec, ObsSpec\n"
         "from trainer.config import build_config\n"
         "from trainer.learner import Learner\n"
         "from trainer.options import parse_args\n"
         "for argv in (['CartPole-v1', '--algo', 'trpo'], ['CartPole-v1', '--algo', 'trpo', '--lr', '0.02'],\n"
         "             ['CartPole-v1']):\n"
         "    config, _, _ = build_config(parse_args(argv))\n"
-        "    learner = Learner(config, Path(sys.argv[1]), gymnasium.spaces.Box(-1.0, 1.0, (4,)),\n"
-        "                      gymnasium.spaces.Discrete(2), False)\n"
+        "    learner = Learner(config, Path(sys.argv[1]), ObsSpec((4,)), ActionSpec((), (2,)), False)\n"
         "    optimizer = getattr(learner.algo, 'vf_optimizer', None) or learner.algo.optimizer\n"
         "    print(json.dumps([config.lr, float(optimizer.learning_rate.numpy())]))\n"
     )

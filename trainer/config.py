@@ -110,6 +110,9 @@ def resolve_env_id(name: str) -> str:
 
     import gymnasium
 
+    from algos.spaces import register_namespace
+
+    register_namespace(name)
     module, _, env_name = name.rpartition(":")
     if module:
         try:
@@ -131,19 +134,19 @@ def resolve_env_id(name: str) -> str:
 
 
 def check_env_spaces(env_id: str) -> None:
-    import gymnasium
+    """ValueError with a one-line reason when train.py's policies cannot read the env's observations or produce its
+    actions (algos.spaces says what they can)."""
+    from algos.spaces import action_spec, make_env, obs_spec
 
-    env = gymnasium.make(env_id)
+    env = make_env(env_id)
     try:
-        obs_space, act_space = env.observation_space, env.action_space
+        try:
+            obs_spec(env.observation_space)
+            action_spec(env.action_space)
+        except ValueError as error:
+            raise ValueError(f"{env_id}: {error}") from None
     finally:
         env.close()
-    if not (isinstance(obs_space, gymnasium.spaces.Box) and len(obs_space.shape) == 1):
-        raise ValueError(f"{env_id} has observation space {obs_space}; only flat Box observations are supported")
-    if not (isinstance(act_space, gymnasium.spaces.Discrete)
-            or (isinstance(act_space, gymnasium.spaces.Box) and len(act_space.shape) == 1)):
-        raise ValueError(f"{env_id} has action space {act_space}; only Discrete or flat Box actions are supported")
-
 
 
 def load_saved_config(run_dir: Path) -> dict:

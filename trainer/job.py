@@ -41,9 +41,7 @@ def actor_state_to_receive(learner: Learner | None, worker: RolloutWorker, hidde
 
     if learner:
         return learner.ac.broadcast_state()
-    space = worker.envs[0].action_space
-    act_dim = int(space.n) if worker.is_discrete else int(space.shape[0])
-    return actor_critic_state_like(worker.obs_dim, act_dim, hidden, worker.is_discrete)
+    return actor_critic_state_like(worker.obs, worker.action, hidden)
 
 
 def job_resources() -> dict:
@@ -69,11 +67,10 @@ def job_resources() -> dict:
 def make_rollout_worker(config: TrainConfig, rank: int, seed_path: tuple[int, ...]) -> tuple:
     """This rank's RolloutWorker (its envs, seeded from the base seed) and its action RNG. seed_path () gives the
     run's first worker; (2, iteration) a fresh one for a resume with another --nprocs."""
-    import gymnasium
-
     from algos.rollout import RolloutWorker
+    from algos.spaces import make_env
 
-    envs = [gymnasium.make(config.env_id) for _ in range(config.envs_per_rank)]
+    envs = [make_env(config.env_id) for _ in range(config.envs_per_rank)]
     if seed_path:
         seed = int(np.random.SeedSequence(config.seed, spawn_key=(rank, *seed_path)).generate_state(1)[0])
     else:

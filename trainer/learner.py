@@ -23,15 +23,14 @@ from trainer.run_dir import RunDirInUseError, RunDirLock, lock_run_dir
 from trainer.versions import stack_versions, version_changes
 
 if TYPE_CHECKING:
-    import gymnasium
+    from algos.spaces import ActionSpec, ObsSpec
 
 
 class Learner:
     """Rank 0's side: the TensorFlow actor-critic, the algorithm that updates it (--algo, built as algos.registry's
     ALGORITHMS says), and the run directory's logs."""
 
-    def __init__(self, config: TrainConfig, run_dir: Path, observation_space: gymnasium.spaces.Box,
-                 action_space: gymnasium.spaces.Space, resuming: bool) -> None:
+    def __init__(self, config: TrainConfig, run_dir: Path, obs: ObsSpec, action: ActionSpec, resuming: bool) -> None:
         # oneDNN's kernels cost more than they save on 64x64 networks (benchmarks/update.py): TensorFlow's own
         # kernels run instead. A value the user set is kept (config.json records it).
         os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -61,7 +60,7 @@ class Learner:
         mpi_util.set_global_seeds(config.seed)  # now that TensorFlow is imported, seed it too (as rank 0)
         self.config, self.run_dir = config, run_dir
         self.versions = stack_versions()  # into config.json and every checkpoint; --resume compares
-        self.ac = ActorCritic(observation_space.shape[0], action_space, hidden=config.hidden)
+        self.ac = ActorCritic(obs, action, hidden=config.hidden)
         self.spec = ALGORITHMS[config.algo]
         self.algo: Algorithm = self.spec.build(self.ac, config)
         self.pending: tuple | None = None  # (batch, episodes, behavior_logp) gathered, not yet learned from

@@ -73,7 +73,8 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                             epilog=_EPILOG)
     parser.add_argument("env_name", nargs="?", help="gymnasium env id; without a version the newest one "
                         "(Walker2d -> Walker2d-v5); 'package.module:EnvId' imports the module that registers it. "
-                        "Box observations, Box or Discrete actions.")
+                        "Vector or image (H x W x C, uint8) observations, Dict and Tuple flattened; Box, Discrete, "
+                        "MultiDiscrete or MultiBinary actions.")
     types = typing.get_type_hints(TrainConfig)
     for option in option_fields():
         _add_config_option(parser, option, _value_type(types[option.name]))

@@ -20,6 +20,7 @@ import numpy as np
 def play(run_dir: Path, episodes: int, video_path: str | None) -> int:
     """Play ``episodes`` episodes with the newest good checkpoint of ``run_dir``; 0 on success, 2 on bad input."""
     from algos.numpy_actor import NumpyActor
+    from algos.spaces import action_spec, obs_spec
     from trainer.checkpoint import CheckpointError, load_latest_checkpoint
 
     problem = check_play_inputs(run_dir, episodes, video_path)
@@ -40,7 +41,8 @@ def play(run_dir: Path, episodes: int, video_path: str | None) -> int:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
     try:
-        actor = NumpyActor.from_ac_state(state["ac_state"], tuple(config["hidden"]), is_discrete(env))
+        actor = NumpyActor.from_ac_state(state["ac_state"], tuple(config["hidden"]), obs_spec(env.observation_space),
+                                         action_spec(env.action_space))
     except (KeyError, ValueError) as error:
         print(f"train.py: error: {path} does not hold a policy for {config['env_id']}: {error}", file=sys.stderr)
         return 2
@@ -91,18 +93,18 @@ class PlayError(Exception):
 def make_env(config: dict, video_path: str | None) -> Any:
     """The run's env, reset once, rendering offscreen when a video is recorded (its first frame is rendered here,
     so that a renderer that cannot start fails before any episode is played). PlayError says what went wrong."""
-    import gymnasium
+    from algos.spaces import make_env as make_flat_env
 
     env_id = config["env_id"]
     render_mode = "rgb_array" if video_path else None
     if video_path and "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
         os.environ["MUJOCO_GL"] = "egl"  # headless: no X display for MuJoCo's default GLFW backend
     try:
-        env = gymnasium.make(env_id, render_mode=render_mode)
+        env = make_flat_env(env_id, render_mode=render_mode)
         if video_path and has_tracking_camera(env):
             # The default free camera stays where the episode started, and a walker leaves the picture.
             env.close()
-            env = gymnasium.make(env_id, render_mode=render_mode, camera_name="track")
+            env = make_flat_env(env_id, render_mode=render_mode, camera_name="track")
         env.reset(seed=config["seed"] + 10_000)
     except Exception as error:  # whatever the env's own code raises
         hint = ("; is the module that registers it importable here (PYTHONPATH)?" if isinstance(error, ImportError)
@@ -128,19 +130,12 @@ def render_problem(env_id: str, error: Exception) -> str:
             "MUJOCO_GL=osmesa (needs libosmesa6)")
 
 
-def is_discrete(env: Any) -> bool:
-    import gymnasium
-
-    return isinstance(env.action_space, gymnasium.spaces.Discrete)
-
-
 def play_episodes(env: Any, actor: Any, seed: int, episodes: int,
                   render_every: int) -> tuple[list[float], list[np.ndarray], int]:
     """Play ``episodes`` deterministic episodes (seeds seed + 10000 + episode), printing each return. With
     render_every > 0, keep a frame ((H, W, 3) uint8) every render_every steps: rendering costs more than the step.
     Returns (the episodes' returns, the frames, how many of them belong to the first episode)."""
     rng = np.random.default_rng(0)
-    discrete = is_discrete(env)
     returns, frames, first_episode_frames = [], [], 0
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + 10_000 + episode)
@@ -148,8 +143,8 @@ def play_episodes(env: Any, actor: Any, seed: int, episodes: int,
         if render_every:
             frames.append(env.render())
         while not done:
-            action = actor.act(np.asarray(obs, np.float32)[None], rng, deterministic=True)[0]
-            if not discrete:
+            action = actor.act(np.asarray(obs, actor.obs.dtype)[None], rng, deterministic=True)[0]
+            if not actor.action.discrete:
                 action = np.clip(action, env.action_space.low, env.action_space.high)
             obs, reward, terminated, truncated, _ = env.step(action)
             total, length, done = total + float(reward), length + 1, terminated or truncated

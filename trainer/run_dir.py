@@ -46,9 +46,10 @@ def run_dir_name(env_id: str, algo: str, seed: int, environ: Mapping[str, str] |
                  now: float | None = None) -> str:
     """``ENV_ALGO_sSEED_YYYYmmdd-HHMMSS`` (local time ``now``, default the current time), with ``_jobID`` added
     under Slurm (SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID in a job array, else SLURM_JOB_ID; environ default
-    os.environ)."""
+    os.environ). A namespace's slash becomes a dash (MinAtar/Breakout-v1: MinAtar-Breakout-v1_...), so that the
+    run is one directory."""
     environ = os.environ if environ is None else environ
-    name = f"{env_id}_{algo}_s{seed}_{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
+    name = f"{env_id.replace('/', '-')}_{algo}_s{seed}_{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
     if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
         return f"{name}_job{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
     if environ.get("SLURM_JOB_ID"):

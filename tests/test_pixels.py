@@ -1,0 +1,99 @@
+"""Image observations (MinAtar's boards, a CNN per network), the other action and observation spaces train.py takes,
+and the one line for a space it does not."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import gymnasium
+import numpy as np
+import pytest
+from conftest import REPO, run_bounded
+from test_train import TRAIN, progress, reproducible_part, train
+
+from algos.numpy_actor import actor_critic_state_like
+from algos.rollout import RolloutWorker
+from algos.spaces import action_spec, make_env, obs_spec
+from trainer.checkpoint import load_latest_checkpoint
+
+TESTS = Path(__file__).resolve().parent
+MINATAR = "MinAtar/Breakout-v1"
+# The budget of the resume test: 4 iterations of 1,024 steps; PPO's learning rate constant, so that a run stopped at
+# half the budget and resumed with the whole one is the same run (TRPO has no schedule).
+COMMON = [MINATAR, "--nprocs", "2", "--batch_size", "1024", "--checkpoint_every", "2"]
+CONSTANT_LR = {"ppo": ["--lr_schedule", "constant"], "trpo": []}
+
+
+def test_images_travel_as_uint8_from_the_rollout():
+    env = make_env(MINATAR)
+    spec = obs_spec(env.observation_space)
+    assert spec.is_image and spec.shape == (10, 10, 4) and spec.scale == 1.0  # MinAtar's 0/1 planes
+    worker = RolloutWorker([env, make_env(MINATAR)], seed=0, gamma=0.99, lam=0.95)
+    state = actor_critic_state_like(spec, action_spec(env.action_space), (64, 64))
+    from algos.numpy_actor import NumpyActor
+
+    rng = np.random.default_rng(0)
+    for array in state[:-6]:
+        array[...] = rng.normal(0.0, 0.1, array.shape)
+    actor = NumpyActor.from_ac_state(state, (64, 64), spec, action_spec(env.action_space))
+    batch, _ = worker.collect(64, actor, np.random.default_rng(1))
+    assert batch["obs"].dtype == np.uint8 and batch["obs"].shape == (64, 10, 10, 4)
+    assert batch["act"].dtype == np.int64 and batch["act"].shape == (64,)
+    assert batch["obs"].max() == 1 and np.isfinite(batch["adv"]).all()
+
+
+@pytest.mark.parametrize("algo", ["ppo", "trpo"])
+def test_minatar_trains_on_two_processes_resumes_bit_for_bit_and_plays(tmp_path, algo):
+    common = [*COMMON, "--algo", algo, *CONSTANT_LR[algo]]
+    whole, _ = train(*common, "--total_steps", "4096", "--logdir", str(tmp_path / "whole"))
+    part, _ = train(*common, "--total_steps", "2048", "--logdir", str(tmp_path / "part"))
+    resumed, out = train("--resume", str(part), "--nprocs", "2", "--total_steps", "4096")
+    assert whole.name.startswith("MinAtar-Breakout-v1_") and resumed == part
+    assert "from ckpt_00000002.pkl: iteration 2, step 2048" in out
+    assert reproducible_part(progress(resumed)) == reproducible_part(progress(whole))
+    for mine, theirs in zip(load_latest_checkpoint(resumed / "checkpoints")[1]["ac_state"],
+                            load_latest_checkpoint(whole / "checkpoints")[1]["ac_state"], strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    config = json.loads((whole / "config.json").read_text())
+    assert config["env_id"] == MINATAR
+    played = run_bounded([sys.executable, TRAIN, "--play", str(whole), "--episodes", "2"], timeout=120)
+    assert played.returncode == 0 and "over 2 episodes" in played.stdout, played.stderr[-3000:]
+
+
+@pytest.mark.parametrize("env_id", ["spaces_env:SteerDict-v0", "spaces_env:SteerTuple-v0"])
+def test_dict_and_tuple_observations_and_multi_actions_train_and_learn(tmp_path, env_id):
+    # Dict/Tuple observations are flattened; MultiDiscrete and MultiBinary actions are independent categoricals.
+    # A random policy drifts: the mean return of the first iteration is far below the last's.
+    env = {"PYTHONPATH": f"{REPO}:{TESTS}"}
+    result = run_bounded([sys.executable, TRAIN, env_id, "--nprocs", "2", "--total_steps", "20480",
+                          "--check_sync", "--logdir", str(tmp_path)], timeout=240, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = tmp_path.iterdir()
+    rows = progress(run_dir)
+    assert all(row["sync_ok"] == "1.0" for row in rows)
+    first, last = float(rows[0]["ep_return_mean"]), float(rows[-1]["ep_return_mean"])
+    assert last > 0.5 * first, (first, last)  # returns are negative: less than half the distance
+
+
+def test_a_space_no_policy_reads_is_one_line_that_lists_what_is_supported(tmp_path):
+    result = run_bounded([sys.executable, TRAIN, "spaces_env:Plane-v0", "--logdir", str(tmp_path)], timeout=60,
+                         env={"PYTHONPATH": f"{REPO}:{TESTS}"})
+    assert result.returncode == 2 and list(tmp_path.iterdir()) == []
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("train.py: error: spaces_env:Plane-v0: observation space Box(-1.0, 1.0, (4, 4), float32) "
+                           "is not supported; supported: observations: a Box of one dimension"), line
+    assert "MultiDiscrete" in line and "Dict or Tuple" in line
+
+
+def test_gymnasium_spaces_map_to_what_the_policy_reads_and_produces():
+    assert action_spec(gymnasium.spaces.MultiBinary(3)).nvec == (2, 2, 2)
+    assert action_spec(gymnasium.spaces.MultiDiscrete([4, 2])).n_outputs == 6
+    assert action_spec(gymnasium.spaces.Discrete(5)).shape == ()
+    camera = obs_spec(gymnasium.spaces.Box(0, 255, (84, 84, 4), np.uint8))
+    assert camera.is_image and camera.dtype == np.uint8 and camera.scale == pytest.approx(1 / 255)
+    with pytest.raises(ValueError, match="image observations must be uint8 or bool"):
+        obs_spec(gymnasium.spaces.Box(0.0, 1.0, (8, 8, 3), np.float32))
+    with pytest.raises(ValueError, match="action space .* is not supported"):
+        action_spec(gymnasium.spaces.MultiDiscrete([[2, 2], [2, 2]]))
