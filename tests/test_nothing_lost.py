@@ -222,8 +222,11 @@ def test_sigterm_to_every_process_stops_once_with_a_checkpoint(tmp_path, phase, 
 
 
 def test_launcher_killed_the_ranks_stop_with_a_checkpoint_and_clean_up(tmp_path):
+    # Killed in iteration 2's rollout, which the slowed env makes last 2 s: the ranks learn of it within it (CI
+    # once saw a plain Pendulum job, whose iterations take a few hundred ms under load, stop after iteration 3).
     logdir = tmp_path / "orphaned"
-    job = start_training(logdir, "Pendulum-v1", *STOP_COMMON, "--total_steps", "1000000")
+    settings, env = PHASES["rollout"]
+    job = start_training(logdir, *settings, *STOP_COMMON, "--total_steps", "1000000", env=env)
     wait_for_phase("rollout", job, logdir)
     tree = job_tree(job.pid)
     mpiexec_pid = tree[1]
