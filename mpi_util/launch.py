@@ -38,7 +38,7 @@ OPEN_MPI_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_osc": "^ucx"
 
 # Open MPI's mpiexec gives ranks on other hosts only OMPI_* variables and those named with -x (MPICH's hydra passes
 # the whole environment): these are named too, when set, so that every rank runs the same Python the same way.
-_FORWARDED_PREFIXES = ("MPI_UTIL_", "MPI_BATCH_RL_", "MPI4PY_")
+_FORWARDED_PREFIXES = ("MPI_UTIL_", "MPI4PY_")
 _FORWARDED_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "TF_CPP_MIN_LOG_LEVEL",
                     "CUDA_VISIBLE_DEVICES", *_WORKER_THREADS)
 

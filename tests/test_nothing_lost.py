@@ -27,13 +27,12 @@ COMMON = ("CartPole-v1", "--nprocs", "2", "--batch_size", "1024", "--checkpoint_
 
 # (file of the run directory, system call, fault): the writes a resume makes, in the order it makes them. config.json
 # and progress.csv are replaced whole (written to .NAME.tmp, then renamed); progress.csv's new rows are appended.
+# Each of the three writes once, a full disk and a kill between them (each fault at each write: the fault table,
+# tests/fault_table.py); the kill where the old code lost rows, in the rewrite of progress.csv.
 RESUME_WRITES = [
     (".config.json.tmp", "write", "error=ENOSPC"),
-    (".config.json.tmp", "write", "signal=KILL"),
-    (".progress.csv.tmp", "write", "error=ENOSPC"),
     (".progress.csv.tmp", "write", "signal=KILL"),
     ("progress.csv", "write", "error=ENOSPC"),  # the first row appended after the resume
-    ("progress.csv", "write", "signal=KILL"),
 ]
 
 
@@ -212,7 +211,7 @@ def test_sigterm_to_every_process_stops_once_with_a_checkpoint(tmp_path, phase, 
     stopped_at = len(progress(run_dir))
     assert stopped_at == (1 if phase == "start-up" else 2)  # the iteration under way when the signal came
 
-    if phase == "update":  # the resume continues bit for bit
+    if phase == "update" and way == "process group":  # the resume continues bit for bit
         total = str((stopped_at + 1) * 1024)
         resumed, _ = train("--resume", str(run_dir), "--total_steps", total)
         whole, _ = train(*common, "--total_steps", total, "--logdir", str(tmp_path / "whole"))

@@ -20,9 +20,9 @@ from trainer.checkpoint import load_latest_checkpoint
 
 TESTS = Path(__file__).resolve().parent
 MINATAR = "MinAtar/Breakout-v1"
-# The budget of the resume test: 4 iterations of 1,024 steps; PPO's learning rate constant, so that a run stopped at
+# The budget of the resume test: 4 iterations of 512 steps; PPO's learning rate constant, so that a run stopped at
 # half the budget and resumed with the whole one is the same run (TRPO has no schedule).
-COMMON = [MINATAR, "--nprocs", "2", "--batch_size", "1024", "--checkpoint_every", "2"]
+COMMON = [MINATAR, "--nprocs", "2", "--batch_size", "512", "--minibatch_size", "128", "--checkpoint_every", "2"]
 CONSTANT_LR = {"ppo": ["--lr_schedule", "constant"], "trpo": []}
 
 
@@ -47,11 +47,11 @@ def test_images_travel_as_uint8_from_the_rollout():
 @pytest.mark.parametrize("algo", ["ppo", "trpo"])
 def test_minatar_trains_on_two_processes_resumes_bit_for_bit_and_plays(tmp_path, algo):
     common = [*COMMON, "--algo", algo, *CONSTANT_LR[algo]]
-    whole, _ = train(*common, "--total_steps", "4096", "--logdir", str(tmp_path / "whole"))
-    part, _ = train(*common, "--total_steps", "2048", "--logdir", str(tmp_path / "part"))
-    resumed, out = train("--resume", str(part), "--nprocs", "2", "--total_steps", "4096")
+    whole, _ = train(*common, "--total_steps", "2048", "--logdir", str(tmp_path / "whole"))
+    part, _ = train(*common, "--total_steps", "1024", "--logdir", str(tmp_path / "part"))
+    resumed, out = train("--resume", str(part), "--nprocs", "2", "--total_steps", "2048")
     assert whole.name.startswith("MinAtar-Breakout-v1_") and resumed == part
-    assert "from ckpt_00000002.pkl: iteration 2, step 2048" in out
+    assert "from ckpt_00000002.pkl: iteration 2, step 1024" in out
     assert reproducible_part(progress(resumed)) == reproducible_part(progress(whole))
     for mine, theirs in zip(load_latest_checkpoint(resumed / "checkpoints")[1]["ac_state"],
                             load_latest_checkpoint(whole / "checkpoints")[1]["ac_state"], strict=True):

@@ -250,7 +250,8 @@ def test_help_explains_every_option():
 
 BAD_INPUTS = [
     (["Walker2dd"], "unknown environment 'Walker2dd'; closest registered: Walker2d"),
-    (["Blackjack-v1"], "only flat Box observations are supported"),
+    (["Blackjack-v1"], "Blackjack-v1: observation space Tuple(Discrete(32), Discrete(11), Discrete(2)) is not "
+                       "supported; supported: observations: a Box of one dimension"),
     (["CartPole-v1", "--nprocs", "two"], "--nprocs must be an integer >= 1, got 'two'"),
     (["CartPole-v1", "--nprocs", "0"], "--nprocs must be an integer >= 1, got '0'"),
     (["CartPole-v1", "--gpu_pct", "1.5"], "--gpu_pct must be in [0, 1]"),

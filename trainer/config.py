@@ -138,13 +138,15 @@ def check_env_spaces(env_id: str) -> None:
     actions (algos.spaces says what they can)."""
     from algos.spaces import action_spec, make_env, obs_spec
 
-    env = make_env(env_id)
     try:
-        try:
-            obs_spec(env.observation_space)
-            action_spec(env.action_space)
-        except ValueError as error:
-            raise ValueError(f"{env_id}: {error}") from None
+        env = make_env(env_id)  # flattens a Dict or Tuple of Boxes, refuses one of other spaces
+    except ValueError as error:
+        raise ValueError(f"{env_id}: {error}") from None
+    try:
+        obs_spec(env.observation_space)
+        action_spec(env.action_space)
+    except ValueError as error:
+        raise ValueError(f"{env_id}: {error}") from None
     finally:
         env.close()
 
