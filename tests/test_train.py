@@ -137,6 +137,14 @@ def test_play_needs_no_tensorflow_and_writes_an_image_strip(learned_runs, tmp_pa
 
 
 @pytest.mark.xdist_group("learned_runs")
+def test_resume_of_another_env_is_refused(learned_runs):
+    run_dir = learned_runs[("CartPole-v1", "ppo")]
+    result = run_bounded([sys.executable, TRAIN, "Walker2d", "--resume", str(run_dir)], timeout=60)
+    assert result.returncode == 2
+    assert f"--resume {run_dir} is a CartPole-v1 run, not Walker2d-v5" in result.stderr
+
+
+@pytest.mark.xdist_group("learned_runs")
 def test_video_says_what_to_install_before_any_episode_is_played(learned_runs, runs_dir, tmp_path):
     import importlib.util
 
@@ -286,14 +294,6 @@ def test_bad_input_is_one_clear_line_before_any_work(tmp_path, args, message):
     assert len(lines) == 1 and lines[0].startswith("train.py: error: "), result.stderr
     assert message in lines[0], lines[0]
     assert not list(tmp_path.iterdir())  # nothing was started or written
-
-
-@pytest.mark.xdist_group("learned_runs")
-def test_resume_of_another_env_is_refused(learned_runs):
-    run_dir = learned_runs[("CartPole-v1", "ppo")]
-    result = run_bounded([sys.executable, TRAIN, "Walker2d", "--resume", str(run_dir)], timeout=60)
-    assert result.returncode == 2
-    assert f"--resume {run_dir} is a CartPole-v1 run, not Walker2d-v5" in result.stderr
 
 
 def test_first_command_prints_only_our_own_lines(tmp_path):
