@@ -57,13 +57,17 @@ class RolloutWorker:
     on. gamma and lam are the GAE discount and trace parameters.
     """
 
-    def __init__(self, envs: gymnasium.Env | Sequence[gymnasium.Env], seed: int, gamma: float, lam: float) -> None:
+    def __init__(self, envs: gymnasium.Env | Sequence[gymnasium.Env], seed: int, gamma: float, lam: float,
+                 atari: bool = False) -> None:
         self.envs = [envs] if isinstance(envs, gymnasium.Env) else list(envs)
         if not self.envs:
             raise ValueError("need at least one env")
         env = self.envs[0]
         self.gamma = gamma
         self.lam = lam
+        # Atari's training conventions (algos.atari): the value estimate ends at a lost life and learns from rewards
+        # clipped to their sign; the episode, and its return, go on to the game's end.
+        self.atari = atari
         self.obs = obs_spec(env.observation_space)  # ValueError names what is supported
         self.action = action_spec(env.action_space)
         self.is_discrete = self.action.discrete
@@ -75,6 +79,7 @@ class RolloutWorker:
             self._obs[k] = self._reset(env_k, seed_k)
         self._ep_return = np.zeros(len(self.envs))
         self._ep_length = np.zeros(len(self.envs), dtype=np.int64)
+        self._lives = self._lives_left()
 
     def collect(
         self, n_steps: int, actor: NumpyActor, rng: np.random.Generator, take: Callable[[int], int] | None = None
@@ -150,6 +155,7 @@ class RolloutWorker:
         # np.minimum(np.maximum(...)) is np.clip bit for bit, without np.clip's Python-level dispatch, which
         # costs as much as the policy's forward pass at one row per step.
         low, high = (None, None) if self.is_discrete else (space.low, space.high)
+        atari, lives = self.atari, self._lives
 
         rows, last_active = 0, n_envs
         for t, (active, noise) in enumerate(self._lockstep_rows(n_steps, take, actor, rng)):
@@ -163,7 +169,7 @@ class RolloutWorker:
                 env_actions = actions.tolist() if self.act_shape == () else actions
             next_rows = obs[t + 1]
             for k in range(active):
-                next_obs, reward, terminated, truncated, _ = self.envs[k].step(env_actions[k])
+                next_obs, reward, terminated, truncated, info = self.envs[k].step(env_actions[k])
                 next_row = next_rows[k]
                 next_row[...] = next_obs
                 if not (math.isfinite(reward) and (zeros is None or math.isfinite(next_row.dot(zeros)))):
@@ -172,9 +178,13 @@ class RolloutWorker:
                         f"(env {k}, step {ep_length[k] + 1} of its episode): reward={reward}, "
                         f"observation={next_obs}"
                     )
-                rewards[t, k] = reward
+                rewards[t, k] = reward if not atari else float(np.sign(reward))
                 ep_return[k] += float(reward)
                 ep_length[k] += 1
+                if atari and not (terminated or truncated) and info["lives"] < lives[k]:
+                    episode_ends[t, k] = True  # a lost life ends the value estimate; the game goes on
+                if atari:
+                    lives[k] = info["lives"]
                 if terminated or truncated:
                     episode_ends[t, k] = True
                     ep_returns.append(ep_return[k])
@@ -185,6 +195,8 @@ class RolloutWorker:
                         truncated_steps[k].append(t)
                         truncated_obs[k].append(next_row.copy())
                     next_row[...] = self._reset(self.envs[k], None)
+                    if atari:
+                        lives[k] = self.envs[k].unwrapped.ale.lives()
         steps_of_env = [rows if k < last_active else rows - 1 for k in range(n_envs)]
         return _Steps(obs, act, rewards, episode_ends, truncated_steps, truncated_obs, ep_return, ep_length,
                       ep_returns, ep_lengths, steps_of_env)
@@ -243,6 +255,10 @@ class RolloutWorker:
             if got < asked:
                 return
 
+    def _lives_left(self) -> list[int]:
+        """Each Atari env's lives now (read from the emulator); [] for other envs."""
+        return [env.unwrapped.ale.lives() for env in self.envs] if self.atari else []
+
     def episode_state(self) -> dict:
         """The episodes in progress, for a checkpoint: {"obs": (K, *obs shape) current observations,
         "ep_return": (K,) float64 and "ep_length": (K,) int64 so far}. The envs' own states are saved separately."""
@@ -254,6 +270,7 @@ class RolloutWorker:
         self._obs = np.array(state["obs"], dtype=self.obs.dtype).reshape(len(self.envs), *self.obs.shape)
         self._ep_return = np.array(state["ep_return"], dtype=np.float64).reshape(len(self.envs))
         self._ep_length = np.array(state["ep_length"], dtype=np.int64).reshape(len(self.envs))
+        self._lives = self._lives_left()  # the restored emulators know their lives
 
     @staticmethod
     def _reset(env: gymnasium.Env, seed: int | None) -> np.ndarray:

@@ -110,8 +110,8 @@ def needs_flattening(space: Any) -> bool:
     return isinstance(space, (gymnasium.spaces.Dict, gymnasium.spaces.Tuple))
 
 
-# Namespaces whose package registers its envs only when asked: the package, and what registers them.
-_NAMESPACES = {"MinAtar": ("minatar.gym", "register_envs")}
+# Namespaces whose package registers its envs on import (None), or only when asked (the function that does).
+_NAMESPACES = {"MinAtar": ("minatar.gym", "register_envs"), "ALE": ("ale_py", None)}
 
 
 def register_namespace(env_id: str) -> None:
@@ -126,16 +126,23 @@ def register_namespace(env_id: str) -> None:
         return
     module, register = _NAMESPACES[namespace]
     try:
-        getattr(importlib.import_module(module), register)()
+        package = importlib.import_module(module)
     except ImportError:
         raise ValueError(f"{env_id} needs {module.partition('.')[0]}: pip install -e '.[pixels]' in this "
                          "checkout") from None
+    if register is not None:
+        getattr(package, register)()
 
 
 def make_env(env_id: str, **kwargs: Any) -> Any:
-    """gymnasium.make(env_id, **kwargs), its Dict or Tuple observations flattened into one float32 vector."""
+    """gymnasium.make(env_id, **kwargs), its Dict or Tuple observations flattened into one float32 vector; an ALE
+    game preprocessed as algos.atari says."""
     import gymnasium
 
+    from algos.atari import is_atari, make_atari
+
+    if is_atari(env_id):
+        return make_atari(env_id, **kwargs)
     register_namespace(env_id)
     env = gymnasium.make(env_id, **kwargs)
     if needs_flattening(env.observation_space):

@@ -13,7 +13,6 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-import gymnasium
 import keras
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from conftest import REPO, run_bounded
 from algos.policy import ActorCritic
 from algos.registry import ALGORITHMS, Algorithm
 from algos.rollout import RolloutWorker
+from algos.spaces import make_env, obs_spec
 from trainer.config import TrainConfig
 from trainer.resume import as_numpy
 
@@ -69,11 +69,12 @@ def test_importing_the_registry_and_what_train_py_moved_out_imports_no_tensorflo
     assert result.stdout.strip() == "False", result.stderr[-2000:]
 
 
-def build(name: str, seed: int) -> tuple[ActorCritic, Algorithm]:
-    """ALGORITHMS[name] with its defaults on a CartPole actor-critic whose weights ``seed`` draws."""
+def build(name: str, seed: int, env_id: str = "CartPole-v1") -> tuple[ActorCritic, Algorithm]:
+    """ALGORITHMS[name] with its defaults on an actor-critic for ``env_id`` whose weights ``seed`` draws."""
     keras.utils.set_random_seed(seed)
-    config = TrainConfig(env_id="CartPole-v1", algo=name, seed=seed, **ALGORITHMS[name].defaults)
-    ac = ActorCritic(4, gymnasium.spaces.Discrete(2), hidden=config.hidden)
+    config = TrainConfig(env_id=env_id, algo=name, seed=seed, **ALGORITHMS[name].defaults)
+    env = make_env(env_id)
+    ac = ActorCritic(obs_spec(env.observation_space), env.action_space, hidden=config.hidden)
     return ac, ALGORITHMS[name].build(ac, config)
 
 
@@ -87,12 +88,14 @@ def test_every_algorithm_builds_from_the_config_and_satisfies_the_protocol(name)
     assert isinstance(algo, Algorithm)
 
 
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "MinAtar/Breakout-v1"], ids=["vector", "image"])
 @pytest.mark.parametrize("name", list(ALGORITHMS))
-def test_every_algorithm_resumes_from_its_saved_state_bit_for_bit(name):
+def test_every_algorithm_resumes_from_its_saved_state_bit_for_bit(name, env_id):
     # What a checkpoint keeps (the actor-critic's weights and normalizers, the optimizer's and the RNG's state),
-    # put into a learner built with other weights and another seed, must give the same next update to the bit.
-    ac, algo = build(name, 0)
-    worker = RolloutWorker(gymnasium.make("CartPole-v1"), seed=0, gamma=0.99, lam=0.95)
+    # put into a learner built with other weights and another seed, must give the same next update to the bit: with
+    # an MLP on vectors and a CNN on images.
+    ac, algo = build(name, 0, env_id)
+    worker = RolloutWorker(make_env(env_id), seed=0, gamma=0.99, lam=0.95)
     rng = np.random.default_rng(0)
     first, second = [worker.collect(256, ac.numpy_actor(), rng)[0] for _ in range(2)]
     learn(algo, first)
@@ -100,7 +103,7 @@ def test_every_algorithm_resumes_from_its_saved_state_bit_for_bit(name):
     saved_optimizer, saved_rng = algo.optimizer_state(), copy.deepcopy(algo.rng_state())
     stats = learn(algo, second)
 
-    resumed_ac, resumed = build(name, 1)
+    resumed_ac, resumed = build(name, 1, env_id)
     for variable, value in zip(resumed_ac.broadcast_state(), saved_state, strict=True):
         if isinstance(variable, np.ndarray):
             variable[...] = value

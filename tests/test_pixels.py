@@ -4,6 +4,7 @@ and the one line for a space it does not."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from conftest import REPO, run_bounded
 from test_train import TRAIN, progress, reproducible_part, train
 
-from algos.numpy_actor import actor_critic_state_like
+from algos.numpy_actor import NumpyActor, actor_critic_state_like
 from algos.rollout import RolloutWorker
 from algos.spaces import action_spec, make_env, obs_spec
 from trainer.checkpoint import load_latest_checkpoint
@@ -32,8 +33,6 @@ def test_images_travel_as_uint8_from_the_rollout():
     assert spec.is_image and spec.shape == (10, 10, 4) and spec.scale == 1.0  # MinAtar's 0/1 planes
     worker = RolloutWorker([env, make_env(MINATAR)], seed=0, gamma=0.99, lam=0.95)
     state = actor_critic_state_like(spec, action_spec(env.action_space), (64, 64))
-    from algos.numpy_actor import NumpyActor
-
     rng = np.random.default_rng(0)
     for array in state[:-6]:
         array[...] = rng.normal(0.0, 0.1, array.shape)
@@ -44,7 +43,8 @@ def test_images_travel_as_uint8_from_the_rollout():
     assert batch["obs"].max() == 1 and np.isfinite(batch["adv"]).all()
 
 
-@pytest.mark.parametrize("algo", ["ppo", "trpo"])
+# PPO end to end; every algorithm's image update resumes bit for bit in test_algos_registry.
+@pytest.mark.parametrize("algo", ["ppo"])
 def test_minatar_trains_on_two_processes_resumes_bit_for_bit_and_plays(tmp_path, algo):
     common = [*COMMON, "--algo", algo, *CONSTANT_LR[algo]]
     whole, _ = train(*common, "--total_steps", "2048", "--logdir", str(tmp_path / "whole"))
@@ -97,3 +97,57 @@ def test_gymnasium_spaces_map_to_what_the_policy_reads_and_produces():
         obs_spec(gymnasium.spaces.Box(0.0, 1.0, (8, 8, 3), np.float32))
     with pytest.raises(ValueError, match="action space .* is not supported"):
         action_spec(gymnasium.spaces.MultiDiscrete([[2, 2], [2, 2]]))
+
+
+ATARI = "ALE/Breakout-v5"  # five lives, so a random policy loses some within a few hundred steps
+
+
+def random_actor(env: gymnasium.Env, seed: int = 0) -> NumpyActor:
+    spec, action = obs_spec(env.observation_space), action_spec(env.action_space)
+    state = actor_critic_state_like(spec, action, (64, 64))
+    rng = np.random.default_rng(seed)
+    for array in state[:-6]:
+        array[...] = rng.normal(0.0, 0.01, array.shape)
+    return NumpyActor.from_ac_state(state, (64, 64), spec, action)
+
+
+def test_atari_is_preprocessed_and_its_snapshot_continues_exactly():
+    from trainer.env_state import restore_env, snapshot_env
+
+    env = make_env(ATARI)
+    assert obs_spec(env.observation_space).shape == (84, 84, 4) and env.observation_space.dtype == np.uint8
+    env.reset(seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        env.step(int(rng.integers(env.action_space.n)))
+    copy = restore_env(snapshot_env(env))  # the emulator's state and its RNG (sticky actions) come back
+    for _ in range(200):
+        action = int(rng.integers(env.action_space.n))
+        mine, theirs = env.step(action), copy.step(action)
+        assert np.array_equal(mine[0], theirs[0]) and mine[1:4] == theirs[1:4]
+
+
+def test_atari_rollouts_end_the_value_at_a_lost_life_clip_rewards_and_report_the_game_score():
+    env = make_env(ATARI)
+    worker = RolloutWorker([env], seed=0, gamma=0.99, lam=0.95, atari=True)
+    steps = worker._step_envs(600, random_actor(env), np.random.default_rng(1), None)
+    lives_lost = 5 - env.unwrapped.ale.lives() + 5 * len(steps.ep_returns)
+    ends = steps.episode_ends[: steps.steps_of_env[0], 0]
+    assert lives_lost >= 2 and ends.sum() == lives_lost  # every life lost ends the value, game over included
+    assert set(np.unique(steps.rewards)) <= {-1.0, 0.0, 1.0}
+    # The episode's return goes on through lost lives: the raw score of the game so far (Breakout's bricks are
+    # worth 1 to 7, so clipped and raw differ once a high row is hit; here at least they are not fewer).
+    assert steps.ep_return[0] + sum(steps.ep_returns) >= steps.rewards.sum()
+
+
+def test_atari_trains_on_two_processes_quietly_and_plays_the_whole_game(tmp_path):
+    result = run_bounded([sys.executable, TRAIN, "ALE/Pong-v5", "--nprocs", "2", "--batch_size", "256",
+                          "--minibatch_size", "128", "--total_steps", "512", "--logdir", str(tmp_path)], timeout=240)
+    assert result.returncode == 0 and result.stderr == "", result.stderr[-3000:]  # no ALE banner, no warning
+    (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name.startswith("ALE-Pong-v5_ppo_s0_") and len(progress(run_dir)) == 2
+    played = run_bounded([sys.executable, TRAIN, "--play", str(run_dir), "--episodes", "1"], timeout=240)
+    assert played.returncode == 0 and played.stderr == "", played.stderr[-3000:]
+    # A whole game of Pong: one side reaches 21, so the score is between -21 and 21 and not 0 points in all.
+    (score,) = re.findall(r"episode 0: return (-?[\d.]+)", played.stdout)
+    assert -21 <= float(score) <= 21 and float(score) != 0, played.stdout

@@ -1,9 +1,10 @@
 """Exact snapshots of a gymnasium environment mid-episode, for checkpoints that resume without a seam.
 
-Most environments pickle with their full state. MuJoCo environments do not: gymnasium pickles them by
-their constructor arguments and rebuilds them fresh. For those the simulator state (the whole MjData, which
-includes the solver's warm start, so the continuation is bit-identical) and the env's RNG are saved beside
-the pickle and put back after it is loaded.
+Most environments pickle with their full state. MuJoCo and Atari (ale-py) environments do not: gymnasium pickles
+them by their constructor arguments and rebuilds them fresh. For those the simulator's state and the env's RNG are
+saved beside the pickle and put back after it is loaded: MuJoCo's whole MjData (which includes the solver's warm
+start, so the continuation is bit-identical), and the Atari emulator's state with its own RNG (sticky actions draw
+from it). The wrappers around them (frame stacks, the frame buffers of the preprocessing) pickle with their state.
 
 Snapshots are zlib-compressed: a MuJoCo MjData pickles with its whole arena, which is mostly zeros.
 Uncompressed snapshots, as older checkpoints hold, still load.
@@ -23,13 +24,20 @@ def _is_mujoco(env: gymnasium.Env) -> bool:
     return hasattr(inner, "model") and hasattr(inner, "data") and type(inner.data).__module__.startswith("mujoco")
 
 
+def _is_atari(env: gymnasium.Env) -> bool:
+    return type(env.unwrapped).__module__.startswith("ale_py")
+
+
 def snapshot_env(env: gymnasium.Env) -> bytes:
     """Bytes from which ``restore_env`` rebuilds ``env`` in its current state (wrappers, counters, RNG)."""
     extra = None
+    inner = env.unwrapped
     if _is_mujoco(env):
-        inner = env.unwrapped
         extra = {"mjdata": inner.data, "np_random": inner.np_random.bit_generator.state}
+    elif _is_atari(env):
+        extra = {"ale_state": inner.clone_state(include_rng=True), "np_random": inner.np_random.bit_generator.state}
     # Level 1: a 20x smaller checkpoint for 1.5 ms per env; higher levels gain little more for twice the time.
+    # "mujoco" names the simulator's part whichever simulator it is (the key older checkpoints hold).
     return zlib.compress(pickle.dumps({"env": env, "mujoco": extra}, protocol=pickle.HIGHEST_PROTOCOL), 1)
 
 
@@ -37,13 +45,17 @@ def restore_env(blob: bytes) -> gymnasium.Env:
     """The environment saved by ``snapshot_env``, continuing exactly where it was."""
     # A pickle starts with its PROTO opcode (0x80); a zlib stream never does (its first byte is 0x?8).
     saved = pickle.loads(blob if blob[:1] == b"\x80" else zlib.decompress(blob))
-    env = saved["env"]
-    if saved["mujoco"] is not None:
+    env, extra = saved["env"], saved["mujoco"]
+    if extra is None:
+        return env
+    inner = env.unwrapped
+    if "mjdata" in extra:
         import mujoco
 
-        inner = env.unwrapped
-        mujoco.mj_copyData(inner.data, inner.model, saved["mujoco"]["mjdata"])
-        generator = np.random.Generator(np.random.PCG64())
-        generator.bit_generator.state = saved["mujoco"]["np_random"]
-        inner.np_random = generator
+        mujoco.mj_copyData(inner.data, inner.model, extra["mjdata"])
+    else:
+        inner.restore_state(extra["ale_state"])
+    generator = np.random.Generator(np.random.PCG64())
+    generator.bit_generator.state = extra["np_random"]
+    inner.np_random = generator
     return env

@@ -67,6 +67,7 @@ def job_resources() -> dict:
 def make_rollout_worker(config: TrainConfig, rank: int, seed_path: tuple[int, ...]) -> tuple:
     """This rank's RolloutWorker (its envs, seeded from the base seed) and its action RNG. seed_path () gives the
     run's first worker; (2, iteration) a fresh one for a resume with another --nprocs."""
+    from algos.atari import is_atari
     from algos.rollout import RolloutWorker
     from algos.spaces import make_env
 
@@ -75,6 +76,6 @@ def make_rollout_worker(config: TrainConfig, rank: int, seed_path: tuple[int, ..
         seed = int(np.random.SeedSequence(config.seed, spawn_key=(rank, *seed_path)).generate_state(1)[0])
     else:
         seed = mpi_util.rank_seed(config.seed, rank)
-    worker = RolloutWorker(envs, seed=seed, gamma=config.gamma, lam=config.lam)
+    worker = RolloutWorker(envs, seed=seed, gamma=config.gamma, lam=config.lam, atari=is_atari(config.env_id))
     action_rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(rank, 1)))
     return worker, action_rng

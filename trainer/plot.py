@@ -53,7 +53,8 @@ def plot_runs(run_dirs: list[Path], out_path: Path) -> Path:
     ax.set_xlabel("environment steps")
     ax.set_ylabel("mean episode return")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.lines:  # no finished episode yet: an empty plot, without matplotlib's warning about an empty legend
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out_path, dpi=100)
     plt.close(fig)

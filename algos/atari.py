@@ -1,0 +1,68 @@
+"""Atari games through ale-py, with the standard preprocessing of the DQN and PPO papers.
+
+``ALE/Pong-v5`` and the other ALE ids: up to 30 no-op actions at reset, the agent acting every 4th frame (the max of
+the last two frames seen), frames grey and 84x84, the last 4 stacked as the channels of one (84, 84, 4) uint8 image.
+ALE's v5 defaults stay: sticky actions (each action repeats the last with probability 0.25) and the game's minimal
+action set. What only training does, ending a value estimate at a lost life and clipping rewards to their sign, is
+the rollout's (RolloutWorker's ``atari``), so that the returns it reports, and --play's, are the game's own score.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+
+def is_atari(env_id: str) -> bool:
+    """Whether ``env_id`` is an ALE game (``ALE/NAME-vN``)."""
+    return env_id.rpartition(":")[2].startswith("ALE/")
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """The process's stderr sent to /dev/null for a while: ALE's C++ core prints its banner there on every game it
+    loads, which is not this tool's line to print."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class ChannelsLast(gymnasium.ObservationWrapper):
+    """FrameStackObservation's (4, 84, 84) stack as the (84, 84, 4) image the CNN reads."""
+
+    def __init__(self, env: gymnasium.Env) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        self.observation_space = gymnasium.spaces.Box(np.moveaxis(space.low, 0, -1), np.moveaxis(space.high, 0, -1),
+                                                      dtype=space.dtype)
+
+    def observation(self, observation: Any) -> np.ndarray:
+        """(4, 84, 84) uint8 frames -> (84, 84, 4)."""
+        return np.ascontiguousarray(np.moveaxis(np.asarray(observation), 0, -1))
+
+
+def make_atari(env_id: str, **kwargs: Any) -> gymnasium.Env:
+    """The ALE game ``env_id`` preprocessed as the module says; ValueError with a one-line reason when ale-py (or
+    OpenCV, which the resizing needs) is not installed."""
+    try:
+        import ale_py
+        import cv2  # noqa: F401  (AtariPreprocessing resizes with it)
+    except ImportError as error:
+        raise ValueError(f"{env_id} needs ale-py and opencv ({error}): pip install -e '.[pixels]' in this "
+                         "checkout") from None
+    gymnasium.register_envs(ale_py)
+    with _quiet_stderr():
+        env = gymnasium.make(env_id.rpartition(":")[2], frameskip=1, **kwargs)
+    env = gymnasium.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True,
+                                                terminal_on_life_loss=False, scale_obs=False)
+    return ChannelsLast(gymnasium.wrappers.FrameStackObservation(env, 4))
