@@ -67,8 +67,8 @@ def test_dict_and_tuple_observations_and_multi_actions_train_and_learn(tmp_path,
     # Dict/Tuple observations are flattened; MultiDiscrete and MultiBinary actions are independent categoricals.
     # A random policy drifts: the mean return of the first iteration is far below the last's.
     env = {"PYTHONPATH": f"{REPO}:{TESTS}"}
-    result = run_bounded([sys.executable, TRAIN, env_id, "--nprocs", "2", "--total_steps", "20480",
-                          "--check_sync", "--logdir", str(tmp_path)], timeout=240, env=env)
+    result = run_bounded([sys.executable, TRAIN, env_id, "--nprocs", "2", "--total_steps", "12288",
+                          "--batch_size", "1024", "--check_sync", "--logdir", str(tmp_path)], timeout=240, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()
     rows = progress(run_dir)

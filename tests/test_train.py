@@ -145,7 +145,7 @@ def test_resume_of_another_env_is_refused(learned_runs):
 
 
 @pytest.mark.xdist_group("learned_runs")
-def test_video_says_what_to_install_before_any_episode_is_played(learned_runs, runs_dir, tmp_path):
+def test_video_says_what_to_install_before_any_episode_is_played(learned_runs, tmp_path):
     import importlib.util
 
     if importlib.util.find_spec("imageio_ffmpeg") or importlib.util.find_spec("pygame"):
@@ -157,7 +157,7 @@ def test_video_says_what_to_install_before_any_episode_is_played(learned_runs, r
     assert result.stderr.splitlines() == [f"train.py: error: --video {mp4}: .mp4 needs imageio-ffmpeg (pip install "
                                           "imageio-ffmpeg), or write a .gif or .png"]
     # CartPole renders with pygame, which gymnasium's classic-control extra brings: its own message says so.
-    cartpole, _ = train("CartPole-v1", "--total_steps", "256", "--batch_size", "256", "--logdir", str(runs_dir / "cp"))
+    cartpole = learned_runs[("CartPole-v1", "ppo")]
     result = run_bounded([sys.executable, TRAIN, "--play", str(cartpole), "--video", str(tmp_path / "cart.gif")],
                          timeout=120)
     assert result.returncode == 2 and "episode" not in result.stdout, result.stdout
@@ -196,8 +196,8 @@ def test_same_seed_same_results_other_seed_differs(runs_dir):
     assert reproducible_part(progress(first)) != reproducible_part(progress(other))
 
 
-# Every algorithm with one env per rank; the first also with two.
-RESUMES = [(algo, 1, 30) for algo in ALGORITHMS] + [(next(iter(ALGORITHMS)), 2, 28)]
+# Every algorithm: the first with two envs per rank, the others with one.
+RESUMES = [(algo, 2, 28) if i == 0 else (algo, 1, 30) for i, algo in enumerate(ALGORITHMS)]
 
 
 @pytest.mark.parametrize(("algo", "envs_per_rank", "episodes_by_iteration_3"), RESUMES)
