@@ -105,8 +105,8 @@ class NumpyActor:
         v_weights: list[np.ndarray],
         obs_rms: RunningMeanStd,
         ret_rms: RunningMeanStd,
-        obs: ObsSpec | None = None,
-        action: ActionSpec | None = None,
+        obs: ObsSpec,
+        action: ActionSpec,
     ) -> None:
         self.pi_weights = pi_weights
         self.log_std = log_std
@@ -114,11 +114,9 @@ class NumpyActor:
         self.v_weights = v_weights
         self.obs_rms = obs_rms
         self.ret_rms = ret_rms
-        self.obs = obs or ObsSpec((pi_weights[0].shape[0],))
-        n_outputs = pi_weights[-1].shape[0]
-        self.action = action or (ActionSpec((n_outputs,)) if log_std is not None else ActionSpec((), (n_outputs,)))
+        self.obs, self.action = obs, action
         # One categorical over the outputs (Discrete) takes the paths it always took, bit for bit.
-        self._one_categorical = self.action.discrete and self.action.shape == ()
+        self._one_categorical = action.discrete and action.shape == ()
         # obs_rms.normalize's mean and sqrt(var + epsilon), computed once instead of at every step.
         self._obs_mean = obs_rms.mean.copy()
         self._obs_scale = np.sqrt(obs_rms.var + obs_rms.epsilon)
@@ -180,12 +178,15 @@ class NumpyActor:
             if out is not None:
                 return np.argmax(scores, axis=1, out=out)
             return np.argmax(scores, axis=1).astype(np.int64, copy=False)
-        segments = np.split(scores, np.cumsum(self.action.nvec)[:-1], axis=1)
-        choices = np.stack([np.argmax(segment, axis=1) for segment in segments], axis=1).astype(np.int64)
+        choices = np.stack([np.argmax(segment, axis=1) for segment in self._segments(scores)], axis=1).astype(np.int64)
         if out is not None:
             out[...] = choices
             return out
         return choices
+
+    def _segments(self, scores: np.ndarray) -> list[np.ndarray]:
+        """The columns of each categorical in scores (N, n_logits): (N, nvec[i]) for each i."""
+        return np.split(scores, np.cumsum(self.action.nvec)[:-1], axis=1)
 
     def log_prob(self, raw_obs: np.ndarray, act: np.ndarray) -> np.ndarray:
         """log pi(act | raw_obs) under this snapshot, (N,) float64: raw_obs (N, *obs shape), act as act() returns
@@ -193,9 +194,8 @@ class NumpyActor:
         out = self._forward(self.pi_weights, raw_obs).astype(np.float64)
         if self.std is None:
             act = np.asarray(act).reshape(len(out), -1)
-            segments = np.split(out, np.cumsum(self.action.nvec)[:-1], axis=1)
             total = np.zeros(len(out))
-            for i, segment in enumerate(segments):
+            for i, segment in enumerate(self._segments(out)):
                 shifted = segment - segment.max(axis=1, keepdims=True)
                 log_softmax = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
                 total += log_softmax[np.arange(len(act)), act[:, i]]

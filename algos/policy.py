@@ -129,11 +129,14 @@ class ActorCritic:
         log_norm = tf.reduce_sum(self.log_std) + 0.5 * self.act_dim * _LOG_2PI
         return -0.5 * tf.reduce_sum(tf.square(z), axis=1) - log_norm
 
+    def _categoricals(self, logits: tf.Tensor) -> list[tf.Tensor]:
+        """The logits of each categorical in logits (N, act_dim): one for Discrete, one per dimension else."""
+        return [logits] if self._splits is None else tf.split(logits, self._splits, axis=1)
+
     def entropy(self, obs: tf.Tensor) -> tf.Tensor:
         """Entropy of pi(. | obs), (N,)."""
         if self.log_std is None:
-            segments = [self.pi_net(obs)] if self._splits is None else tf.split(self.pi_net(obs), self._splits, axis=1)
-            logps = [tf.nn.log_softmax(logits) for logits in segments]
+            logps = [tf.nn.log_softmax(logits) for logits in self._categoricals(self.pi_net(obs))]
             return tf.add_n([-tf.reduce_sum(tf.exp(logp) * logp, axis=1) for logp in logps])
         per_state = tf.reduce_sum(self.log_std) + 0.5 * self.act_dim * (1.0 + _LOG_2PI)
         return tf.fill([tf.shape(obs)[0]], per_state)
@@ -142,11 +145,8 @@ class ActorCritic:
         """Mean over the batch of KL(old || new), a scalar; old_params (N, P) from dist_params."""
         new_params = self.dist_params(obs)
         if self.log_std is None:
-            pairs = ([(old_params, new_params)] if self._splits is None else
-                     zip(tf.split(old_params, self._splits, axis=1), tf.split(new_params, self._splits, axis=1),
-                         strict=True))
             per_state = []
-            for old, new in pairs:
+            for old, new in zip(self._categoricals(old_params), self._categoricals(new_params), strict=True):
                 old_logp, new_logp = tf.nn.log_softmax(old), tf.nn.log_softmax(new)
                 per_state.append(tf.reduce_sum(tf.exp(old_logp) * (old_logp - new_logp), axis=1))
             return tf.reduce_mean(tf.add_n(per_state))

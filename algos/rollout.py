@@ -29,7 +29,7 @@ class _Steps:
     rewards: np.ndarray
     """(rows, K) float64."""
     episode_ends: np.ndarray
-    """(rows, K) bool: the episode terminated or was truncated at this step."""
+    """(rows, K) bool: the episode terminated or was truncated at this step (under ``atari``, or a life was lost)."""
     truncated_steps: list[list[int]]
     """Per env, the rows where its episode was truncated (they bootstrap from the final observation)."""
     truncated_obs: list[list[np.ndarray]]
@@ -135,7 +135,7 @@ class RolloutWorker:
         n_envs = len(self.envs)
         longest = -(-n_steps // n_envs)  # the most lockstep rows this call can run
         # Time-major, so that the actor reads one contiguous block per step and env k writes its next observation
-        # straight into row t + 1 (cast to float32 there).
+        # straight into row t + 1 (cast to the row's dtype there).
         obs = np.empty((longest + 1, n_envs, *self.obs.shape), dtype=self.obs.dtype)
         obs[0] = self._obs
         act = np.empty((longest, n_envs, *self.act_shape), dtype=np.int64 if self.is_discrete else np.float32)
@@ -181,9 +181,9 @@ class RolloutWorker:
                 rewards[t, k] = reward if not atari else float(np.sign(reward))
                 ep_return[k] += float(reward)
                 ep_length[k] += 1
-                if atari and not (terminated or truncated) and info["lives"] < lives[k]:
-                    episode_ends[t, k] = True  # a lost life ends the value estimate; the game goes on
                 if atari:
+                    if info["lives"] < lives[k] and not (terminated or truncated):
+                        episode_ends[t, k] = True  # a lost life ends the value estimate; the game goes on
                     lives[k] = info["lives"]
                 if terminated or truncated:
                     episode_ends[t, k] = True

@@ -140,15 +140,13 @@ def check_env_spaces(env_id: str) -> None:
 
     try:
         env = make_env(env_id)  # flattens a Dict or Tuple of Boxes, refuses one of other spaces
+        try:
+            obs_spec(env.observation_space)
+            action_spec(env.action_space)
+        finally:
+            env.close()
     except ValueError as error:
         raise ValueError(f"{env_id}: {error}") from None
-    try:
-        obs_spec(env.observation_space)
-        action_spec(env.action_space)
-    except ValueError as error:
-        raise ValueError(f"{env_id}: {error}") from None
-    finally:
-        env.close()
 
 
 def load_saved_config(run_dir: Path) -> dict:

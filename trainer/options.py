@@ -9,7 +9,7 @@ import os
 import shlex
 import sys
 import typing
-from dataclasses import MISSING, Field
+from dataclasses import Field
 
 import mpi_util
 from algos.registry import ALGORITHMS
@@ -42,7 +42,7 @@ def _default_text(option: Field) -> str:
     readers = {algo: spec.defaults[option.name] for algo, spec in ALGORITHMS.items() if option.name in spec.defaults}
     if readers:
         return " (default: " + ", ".join(f"{algo} {_shown(value)}" for algo, value in readers.items()) + ")"
-    if option.default is None or option.default is False or option.default is MISSING:
+    if option.default is None or option.default is False:
         return ""  # no value: the help says what happens then
     return f" (default: {_shown(option.default)})"
 
