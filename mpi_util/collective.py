@@ -14,7 +14,10 @@ An all-gather's pending request cannot say which rank is missing; rank 0's pendi
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import os
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -22,7 +25,7 @@ from mpi4py import MPI
 
 from .host import decide_after_first_collective, poll_requests, post_and_complete, transport
 from .process import COMM_WORLD
-from .stall import CollectiveOrderError, collective_code, collective_name, watch
+from .stall import CollectiveOrderError, CollectiveStallError, RankEndedError, collective_code, collective_name, watch
 from .wakeup import EXCHANGE_WIDTH
 
 MEET_VALUES = EXCHANGE_WIDTH - 1  # a meet's values besides the collective's code
@@ -32,6 +35,7 @@ _MEET_TAG = 1
 # which started its wait no later and can name every missing rank, gives up first and its error is the one the user
 # reads; ranks on other hosts it leaves to rank 0 alone (it cannot see their progress, rank 0 can).
 REPORT_GRACE_S = 5.0
+_SCRIPT_END = collective_code("script end")
 
 
 def signature_digest(signature: object) -> int:
@@ -64,12 +68,24 @@ def meet_and_exchange(comm: MPI.Comm, values: list[int], what: str) -> np.ndarra
             decide_after_first_collective(comm)
         else:
             post_and_complete(comm, lambda: [comm.Iallgather(mine, everyone)], what, sequence, then_spin=False)
-    _check_same_collective(comm, everyone[:, 0], what, sequence)
+    _check_same_collective(comm, everyone, what, sequence)
     return everyone[:, 1 : 1 + len(values)]
 
 
-def _check_same_collective(comm: MPI.Comm, codes: np.ndarray, what: str, sequence: int) -> None:
-    """CollectiveOrderError, the same on every rank, when ``codes`` (size,) are not all the same collective's."""
+def _check_same_collective(comm: MPI.Comm, everyone: np.ndarray, what: str, sequence: int) -> None:
+    """CollectiveOrderError, the same on every rank, when the codes in ``everyone`` (size, EXCHANGE_WIDTH) are not
+    all the same collective's; RankEndedError on the ranks still running when some met at the end of their script."""
+    codes = everyone[:, 0]
+    ended = np.flatnonzero(codes == _SCRIPT_END)
+    if 0 < len(ended) < len(codes):
+        if codes[comm.Get_rank()] == _SCRIPT_END:
+            return  # this rank is ending: the others raise
+        hosts = watch.board.host_names if watch.board is not None else ["?"] * len(codes)
+        for r in ended:
+            last, code, pid = (int(v) for v in everyone[r, 1:4])
+            watch.departed[int(r)] = (last, code, pid, hosts[r])
+        watch.gave_up = sequence  # the job cannot go on: no meet at this rank's own end
+        raise RankEndedError(watch.ended_message(what, sequence, [int(r) for r in ended]), [int(r) for r in ended])
     others = np.flatnonzero(codes != codes[0])
     if len(others) == 0:
         return
@@ -116,3 +132,28 @@ def move_data(comm: MPI.Comm, post: Callable[[], list[MPI.Request]], what: str) 
     core that rank 0 needs.
     """
     post_and_complete(comm, post, what, watch.sequence, then_spin=True)
+
+
+def _at_exit() -> None:
+    """At the end of a rank's script: tell the ranks that may still wait for it in a collective.
+
+    Across hosts, where COMM_WORLD's ranks meet through rank 0, every rank meets once more as its script ends,
+    carrying its last collective: when all end together this is one last meet; a rank that ends early meets the
+    others in the collective they wait in, and they raise RankEndedError at once. (A message to rank 0 alone could
+    reach a rank 0 that had already finalized, which can end the job; a meet is matched by a rank that waits.) On one
+    host, or before the first collective, the ending rank marks the board or tells the ranks that wait (stall.py).
+    """
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    if watch.meet_comm is None or watch.gave_up:
+        watch.announce_departure()
+        return
+    try:
+        meet_and_exchange(COMM_WORLD, [watch.sequence, watch.code, os.getpid()], "script end")
+    except CollectiveStallError as error:  # a rank never came to its end: the job is ending anyway
+        sys.stderr.write(f"rank {COMM_WORLD.Get_rank()}: at the end of its script: {error}\n")
+        watch.announce_departure()
+
+
+if MPI.Is_initialized() and COMM_WORLD.Get_size() > 1:  # a rank of a job (not a multiprocessing child of one)
+    atexit.register(_at_exit)

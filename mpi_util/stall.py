@@ -31,7 +31,6 @@ train.py's --stall_timeout) or ``set_stall_timeout``; the start-up allowance fro
 
 from __future__ import annotations
 
-import atexit
 import math
 import os
 import sys
@@ -65,7 +64,7 @@ _STARTUP_VARIABLE = "MPI_UTIL_STALL_STARTUP"
 # made from its name (the board, the meet, a departure), and a rank reads back the names of codes it knows.
 COLLECTIVE_NAMES = ("rank0_accum_batches", "rank0_bcast_wts", "rank0_bcast_tree", "bcast_object", "gather_objects",
                     "ranks_out_of_sync", "all_sum", "all_mean", "SharedRunningStats", "SharedRunningStats.merge",
-                    "meet")
+                    "meet", "script end")
 _NAMES_BY_CODE: dict[int, str] = {}
 # A rank whose script ends tells the ranks waiting for it, on COMM_WORLD with this tag: high, so as not to meet a
 # user's own point-to-point messages.
@@ -238,7 +237,7 @@ class StallWatch:
             self.board.arrive(self.sequence, self.code)
         return self.sequence
 
-    def _announce_departure(self) -> None:
+    def announce_departure(self) -> None:
         """At this process's exit: tell the ranks waiting for it the last collective it went through, so that a rank
         waiting in a later one knows at once that it never comes."""
         if not MPI.Is_initialized() or MPI.Is_finalized():
@@ -270,7 +269,8 @@ class StallWatch:
     def _ranks_waiting_for(self, last: int) -> list[int]:
         """Before the job's first collective has set up the board: rank 0, which waits in it for every rank (when
         this rank went through none); rank 0, when it gave up in it, tells the ranks that have not ended. With the
-        board, nobody: this host's ranks read it there, and ranks on other hosts find this one by their stall limit."""
+        board, nobody: this host's ranks read it there (across hosts, ranks meet once more at exit instead:
+        collective.py)."""
         if self.board is not None or last > 0:
             return []
         if COMM_WORLD.Get_rank() != 0:
@@ -390,7 +390,7 @@ class StallWatch:
                                            [s.rank for s in suspects if s.rank >= 0])
             if now >= next_check and (ended := self._ended_before(sequence)) and not done():
                 self.gave_up = sequence
-                raise RankEndedError(self._ended_message(what, sequence, ended), ended)
+                raise RankEndedError(self.ended_message(what, sequence, ended), ended)
             if now >= next_check and self.limit is None:
                 next_check = now + CHECK_EVERY_S
             elif now >= next_check:
@@ -445,7 +445,7 @@ class StallWatch:
         return message + ("; a rank is stuck or dead (a rank that is slow but healthy should call mpi_util.heartbeat()"
                           " in its long loops, or the job needs a longer stall timeout)")
 
-    def _ended_message(self, what: str, sequence: int, ended: list[int]) -> str:
+    def ended_message(self, what: str, sequence: int, ended: list[int]) -> str:
         rank = COMM_WORLD.Get_rank()
         last, code, _, _ = self.departed[ended[0]]
         after = f"after {collective_name(code)} (its collective #{last})" if last else "before any collective"
@@ -461,8 +461,6 @@ class StallWatch:
 
 
 watch = StallWatch()
-if MPI.Is_initialized() and COMM_WORLD.Get_size() > 1:  # a rank of a job (not a multiprocessing child of one)
-    atexit.register(watch._announce_departure)
 
 
 def heartbeat() -> None:

@@ -126,6 +126,18 @@ def test_a_slow_far_rank_that_advances_is_not_blamed(two_hosts, launcher, tmp_pa
     assert no_process_left(two_hosts) == []
 
 
+def test_a_far_rank_whose_script_ends_is_named_on_every_rank_at_once(two_hosts, launcher, tmp_path):
+    code, _, err = across(two_hosts, launcher, [str(SCRIPTS / "multihost_cases.py"), str(tmp_path), "far_ends"], 60)
+    assert code == 0, err[-3000:]
+    for r in range(2 * RANKS_PER_HOST - 1):
+        record = json.loads((tmp_path / f"far_ends_{r}.json").read_text())
+        assert re.fullmatch(rf"RankEndedError: rank {r} \(on host[AB]\) waits in rank0_accum_batches \(collective #2\) "
+                            r"for rank 3 \(on host hostB, pid \d+\), whose script has ended \(returned, exited or "
+                            r"raised\) after rank0_accum_batches \(its collective #1\): .*", record["error"]), record
+        assert record["waited_s"] < 5, record
+    assert no_process_left(two_hosts) == []
+
+
 def test_exception_on_the_far_host_ends_the_job_with_its_traceback(two_hosts, launcher, tmp_path):
     code, _, err = across(two_hosts, launcher, [str(SCRIPTS / "multihost_cases.py"), str(tmp_path), "raise"], 60)
     assert code != 0

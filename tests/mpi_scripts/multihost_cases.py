@@ -9,6 +9,8 @@ raise: the last rank raises after one gather; the job must end with its tracebac
 far_hang: "auto" with a 2 s no-progress floor and a 60 s start-up allowance; the last rank calls heartbeat() every
   0.1 s for 3 s, then hangs before the first meet. Rank 0, which sees its progress only through its messages, must
   name it about 2 s after they stop, long before the allowance.
+far_ends: the last rank's script ends after one gather; the others gather again, and each writes the error it got
+  and how long it waited to far_ends_{rank}.json: {"error", "waited_s"}.
 far_slow: a fixed 3 s limit; before each of 3 meets the last rank works 7 s, calling heartbeat() every 0.1 s. Nobody
   may blame it: rank 0 sees its messages, its host-mate its board; the others leave the judgement to rank 0.
 """
@@ -76,6 +78,18 @@ elif case in ("far_hang", "far_slow"):
                 time.sleep(3600)  # hung in the next step
         meet(COMM_WORLD, "step")
     (out_dir / f"far_slow_{rank}.json").write_text(json.dumps({"calls": 3}))
+elif case == "far_ends":
+    mpi_util.rank0_accum_batches({"x": np.zeros(3)})
+    if rank == last:
+        sys.exit(0)
+    started = time.monotonic()
+    try:
+        mpi_util.rank0_accum_batches({"x": np.zeros(3)})
+        error = ""
+    except mpi_util.CollectiveStallError as raised:
+        error = f"{type(raised).__name__}: {raised}"
+    waited_s = time.monotonic() - started
+    (out_dir / f"far_ends_{rank}.json").write_text(json.dumps({"error": error, "waited_s": waited_s}))
 elif case == "raise":
     mpi_util.rank0_accum_batches({"x": np.zeros(3)})
     if rank == last:
