@@ -23,7 +23,7 @@ ELISION = "..."
 # The examples a snippet may come from, and the test file that runs each (by name, or for the policy-gradient trio
 # as f"{framework}_pg_mpi.py" over BUDGETS).
 RUN_BY = {"recipe.py": "test_mpi_fork.py", "sb3_ppo_mpi.py": "test_sb3.py", "sb3_evaluate.py": "test_sb3.py",
-          "sb3_subproc_mpi.py": "test_examples.py",
+          "sb3_subproc_mpi.py": "test_examples.py", "sb3_atari_mpi.py": "test_examples.py",
           "cleanrl_ppo_mpi.py": "test_examples.py", "torch_pg_mpi.py": "test_examples.py",
           "keras_pg_mpi.py": "test_examples.py", "jax_pg_mpi.py": "test_examples.py"}
 

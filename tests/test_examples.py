@@ -35,7 +35,7 @@ def test_policy_gradient_learns_on_two_ranks_with_identical_weights(framework, i
 
 
 @pytest.mark.parametrize("plain_script", ["torch_pg.py", "keras_pg.py", "sb3_ppo.py", "sb3_subproc.py",
-                                          "cleanrl_ppo.py", "jax_pg.py"])
+                                          "sb3_atari.py", "cleanrl_ppo.py", "jax_pg.py"])
 def test_parallel_example_differs_from_its_plain_script_by_the_recipe_only(plain_script):
     # Every line the parallel version adds or changes carries the mark "# mpi_util", or is the docstring, an import
     # for the fork's exit, ruff's "isort: split" (mpi_util.sb3 goes before SB3), or a line moved (under
@@ -74,3 +74,19 @@ def test_sb3_subproc_example_runs_its_env_processes_in_every_rank_with_identical
     assert re.search(r"^256 steps, mean return of the last \d+ episodes", result.stdout, re.M), result.stdout
     assert "ranks whose weights differ from rank 0's: []" in result.stdout
     assert result.stderr == ""  # no "PMI_Init returned -1"
+
+
+def test_sb3_cnn_policy_on_atari_frame_stacks_runs_on_two_ranks_with_identical_weights():
+    missing = [m for m in ("stable_baselines3", "ale_py") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed (pip install -e '.[test]')")
+    # 2 ranks x 2 envs x 32 steps: two updates of the Nature CNN on 84x84x4 uint8 frame stacks gathered to rank 0
+    result = run_bounded([sys.executable, str(EXAMPLES / "sb3_atari_mpi.py"), "--nprocs", "2", "--n_envs", "2",
+                          "--n_steps", "32", "--batch_size", "64", "--total_steps", "256"], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^256 steps, mean score of the last \d+ games", result.stdout, re.M), result.stdout
+    assert "ranks whose weights differ from rank 0's: []" in result.stdout
+    # ale-py's own banner (the plain script prints it too), and nothing else
+    others = [line for line in result.stderr.splitlines()
+              if not line.startswith(("A.L.E: Arcade Learning Environment", "[Powered by Stella]"))]
+    assert others == [], result.stderr[-3000:]
