@@ -69,7 +69,8 @@ _NAMES_BY_CODE: dict[int, str] = {}
 # A rank whose script ends tells the ranks waiting for it, on COMM_WORLD with this tag: high, so as not to meet a
 # user's own point-to-point messages.
 _DEPARTED_TAG = 32_000 + 17
-_DEPARTURE_BYTES = 24 + 72  # its last sequence, that collective's code and its pid (int64), then its host's name
+# The ended rank, its last sequence, that collective's code and its pid (int64), then its host's name.
+_DEPARTURE_BYTES = 32 + 64
 
 
 def collective_code(name: str) -> int:
@@ -245,10 +246,14 @@ class StallWatch:
         # The last collective this rank went through: not one it gave up in (a stall error, another rank ended).
         gave_up = self.gave_up == self.sequence > 0
         last, code = (self.sequence - 1, self.previous_code) if gave_up else (self.sequence, self.code)
+        ended, pid, host_name = COMM_WORLD.Get_rank(), os.getpid(), MPI.Get_processor_name()
+        if gave_up and self.departed and last == 0:  # rank 0 ends for a rank that ended first: name that one
+            ended = min(self.departed)
+            last, code, pid, host_name = self.departed[ended]
         payload = np.zeros(_DEPARTURE_BYTES, dtype=np.uint8)
-        payload[:24] = np.array([last, code, os.getpid()], dtype=np.int64).view(np.uint8)
-        host = MPI.Get_processor_name().encode()[: _DEPARTURE_BYTES - 24]
-        payload[24 : 24 + len(host)] = np.frombuffer(host, dtype=np.uint8)
+        payload[:32] = np.array([ended, last, code, pid], dtype=np.int64).view(np.uint8)
+        host = host_name.encode()[: _DEPARTURE_BYTES - 32]
+        payload[32 : 32 + len(host)] = np.frombuffer(host, dtype=np.uint8)
         if self.board is not None:  # this host's ranks read it on the board
             self.board.row[_ArrivalBoard.SEQUENCE : _ArrivalBoard.ENTERED] = (last, code)
             self.board.row[_ArrivalBoard.ENDED] = last + 1
@@ -282,8 +287,8 @@ class StallWatch:
         status, scratch = MPI.Status(), np.zeros(_DEPARTURE_BYTES, dtype=np.uint8)
         while COMM_WORLD.Iprobe(source=MPI.ANY_SOURCE, tag=_DEPARTED_TAG, status=status):
             COMM_WORLD.Recv(scratch, source=status.Get_source(), tag=_DEPARTED_TAG)
-            last, code, pid = (int(v) for v in scratch[:24].view(np.int64))
-            self.departed[status.Get_source()] = (last, code, pid, scratch[24:].tobytes().rstrip(b"\0").decode())
+            ended, last, code, pid = (int(v) for v in scratch[:32].view(np.int64))
+            self.departed[ended] = (last, code, pid, scratch[32:].tobytes().rstrip(b"\0").decode())
         if self.board is not None:
             for r, last, code, pid in self.board.ended():
                 self.departed[r] = (last, code, pid, self.board.host_names[r])

@@ -26,7 +26,9 @@ CASES = {
                                 r"RankEndedError .* rank [02] \(on host \S+, pid \d+\), whose script has ended"),
     "ends_before_any": (r"RankEndedError after [\d.]+ s: rank 0 waits in rank0_accum_batches \(collective #1\) for "
                         r"rank 2 \(on host \S+, pid \d+\), whose script has ended \(returned, exited or raised\) "
-                        r"before any collective", r"RankEndedError .* whose script has ended"),
+                        r"before any collective",
+                        r"RankEndedError .* for rank 2 \(on host \S+, pid \d+\), whose script has ended \(returned, "
+                        r"exited or raised\) before any collective"),
 }
 
 
