@@ -1,7 +1,11 @@
 """stable-baselines3 PPO with the work per iteration of train.py's defaults, the peer vs_sb3.py and peers.py measure:
 one env under VecNormalize (clip 10), n_steps 2048, batch 64, 10 epochs, lr 3e-4, target_kl 0.02, torch on
-``--torch_threads`` thread(s). ``--json PATH`` writes the per-iteration record peers.py reads (steps, wall_s,
-t_rollout, t_update, grad_steps and the returns of the episodes that ended in the iteration).
+``--torch_threads`` thread(s). An image env gets train.py's network instead: separate policy and value CNNs of
+train.py's torso (algos.spaces.conv_layers), rewards normalized, pixels scaled to [0, 1]; an Atari id SB3's own Atari
+preprocessing (noop reset, frame skip 4, 84x84 grey, a lost life ends the episode for learning, clipped rewards,
+and FIRE at reset, which train.py does not press) with 4 stacked frames. ``--json PATH`` writes the per-iteration
+record peers.py reads (steps, wall_s, t_rollout, t_update, grad_steps and the returns of the episodes that ended in
+the iteration).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 BATCH = 2048
 
@@ -48,8 +53,25 @@ def main() -> int:
                             for info in self.locals["infos"] if "episode" in info)
             return True
 
-    env = VecNormalize(DummyVecEnv([lambda: Monitor(gymnasium.make(args.env))]), clip_obs=10.0, gamma=0.99)
-    model = PPO("MlpPolicy", env, n_steps=BATCH, batch_size=64, n_epochs=10, learning_rate=3e-4, clip_range=0.2,
+    from algos.spaces import conv_layers, register_namespace
+
+    register_namespace(args.env)
+    image = len(gymnasium.make(args.env).observation_space.shape) == 3
+    if args.env.startswith("ALE/"):
+        from stable_baselines3.common.env_util import make_atari_env
+        from stable_baselines3.common.vec_env import VecFrameStack
+
+        frames = VecFrameStack(make_atari_env(args.env, 1, args.seed, env_kwargs={"frameskip": 1}), n_stack=4)
+        env = VecNormalize(frames, norm_obs=False, gamma=0.99)
+    else:
+        env = VecNormalize(DummyVecEnv([lambda: Monitor(gymnasium.make(args.env))]), norm_obs=not image,
+                           clip_obs=10.0, gamma=0.99)
+    policy_kwargs = {}
+    if image:
+        policy_kwargs = {"features_extractor_class": _torso_class(conv_layers), "share_features_extractor": False,
+                         "net_arch": []}
+    model = PPO("CnnPolicy" if image else "MlpPolicy", env, policy_kwargs=policy_kwargs, n_steps=BATCH,
+                batch_size=64, n_epochs=10, learning_rate=3e-4, clip_range=0.2,
                 gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5, ent_coef=0.0, vf_coef=0.5, target_kl=0.02,
                 seed=args.seed, device="cpu", verbose=0)
     model.policy.optimizer.register_step_post_hook(lambda *_: grad_steps.__setitem__(0, grad_steps[0] + 1))
@@ -66,6 +88,33 @@ def main() -> int:
                                          "versions": {"stable_baselines3": stable_baselines3.__version__,
                                                       "torch": torch.__version__}}))
     return 0
+
+
+def _torso_class(conv_layers: Any) -> type:
+    """An SB3 features extractor of train.py's image torso: (N, H, W, C) observations (or, after SB3's transpose of
+    uint8 images, (N, C, H, W)) scaled to [0, 1], conv_layers' ReLU convolutions, a ReLU dense layer."""
+    import torch
+    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+
+    class Torso(BaseFeaturesExtractor):
+        def __init__(self, space: Any) -> None:
+            self.channels_first = space.shape[0] < space.shape[-1]  # SB3 moved the channels of uint8 images first
+            height, width, channels = space.shape[1:] + space.shape[:1] if self.channels_first else space.shape
+            convs, dense = conv_layers((height, width, channels))
+            super().__init__(space, dense)
+            self.scale = 1.0 / float(space.high.max())
+            layers: list[torch.nn.Module] = []
+            for filters, kernel, stride in convs:
+                layers += [torch.nn.Conv2d(channels, filters, kernel, stride), torch.nn.ReLU()]
+                channels, height, width = filters, (height - kernel) // stride + 1, (width - kernel) // stride + 1
+            self.net = torch.nn.Sequential(*layers, torch.nn.Flatten(),
+                                           torch.nn.Linear(channels * height * width, dense), torch.nn.ReLU())
+
+        def forward(self, observations: torch.Tensor) -> torch.Tensor:
+            x = observations.float() * self.scale
+            return self.net(x if self.channels_first else x.permute(0, 3, 1, 2))
+
+    return Torso
 
 
 if __name__ == "__main__":

@@ -53,6 +53,9 @@ NOTES = [
     "bootstrap step, masked out of the loss) in full 64-row minibatches, so slightly more than 320 Adam steps. Its "
     "final mean return is RLlib's own mean of the last 100 episodes, its curve that running mean. Process wall time "
     "includes starting ray. Torch on one thread in the driver.",
+    "On an image env (MinAtar, Atari) no system normalizes observations: train.py and stable-baselines3 both scale "
+    "pixels to [0, 1] in separate policy and value networks of train.py's CNN torso (peer_sb3_ppo.py builds it in "
+    "torch); rewards are normalized as above.",
 ]
 
 
@@ -63,6 +66,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="systems to run, in this order in the first repeat (default: all)")
     parser.add_argument("--cleanrl_envs", type=int, nargs="+", default=[1],
                         help="env counts of the CleanRL-style PPO's vector env (default: %(default)s)")
+    parser.add_argument("--vary_seed", action="store_true",
+                        help="repeat k runs seed SEED + k, a learning comparison over seeds (default: every repeat "
+                             "runs SEED)")
     args = parser.parse_args(argv)
     iterations = args.total_steps // BATCH
     if iterations <= args.warmup or iterations < args.tail:
@@ -133,15 +139,15 @@ def jobs_of(args: argparse.Namespace, rllib_ready: bool) -> list[tuple[str, int]
     return jobs
 
 
-def run_job(args: argparse.Namespace, system: str, n: int, workdir: Path
+def run_job(args: argparse.Namespace, system: str, n: int, workdir: Path, seed: int
             ) -> tuple[dict[str, Any], tuple[list[float], list[float]], dict[str, str]]:
     """One run: its summary, its return curve and the versions it ran with."""
     if system == "ours":
-        run = run_train(args.env, n, args.total_steps, workdir, args.timeout)
+        run = run_train(args.env, n, args.total_steps, workdir, args.timeout, ["--seed", str(seed)])
         return (summarize_ours(run, args.warmup, args.tail),
                 ([r["total_steps"] for r in run.rows], [r["ep_return_mean"] for r in run.rows]), {})
     json_path = workdir / f"{system}.json"
-    common = ["--total_steps", str(args.total_steps), "--seed", str(args.seed), "--torch_threads", "1",
+    common = ["--total_steps", str(args.total_steps), "--seed", str(seed), "--torch_threads", "1",
               "--json", str(json_path)]
     if system == "sb3":
         command = [sys.executable, str(REPO / "benchmarks" / "peer_sb3_ppo.py"), "--env", args.env, *common]
@@ -200,15 +206,18 @@ def main(argv: Sequence[str] | None = None, plot_name: str = "peers.png") -> int
                 print(f"peers: repeat {repeat + 1}/{args.repeats}: {system} ({n}), {args.total_steps} steps "
                       f"(load {load_average():.2f}) ...", flush=True)
                 try:
-                    summary, curve, run_versions = run_job(args, system, n, workroot / f"r{repeat}_{system}_{n}")
+                    summary, curve, run_versions = run_job(args, system, n, workroot / f"r{repeat}_{system}_{n}",
+                                                           args.seed + repeat if args.vary_seed else args.seed)
                 except RuntimeError as error:  # one failed system must not cost the others' measurements
                     notes.append(f"repeat {repeat + 1}, {system} ({n}) failed: {str(error).splitlines()[0]}")
                     print(f"peers: {error}", flush=True)
                     continue
                 versions.update(run_versions)
-                results.append({"repeat": repeat + 1, **summary})
-                if repeat == 0:  # same seed: one curve per system says what it learns at this budget
-                    curves.append((summary["system"], *curve))
+                results.append({"repeat": repeat + 1, "seed": args.seed + repeat if args.vary_seed else args.seed,
+                                **summary})
+                if repeat == 0 or args.vary_seed:  # one seed: one curve per system says what it learns
+                    curves.append((summary["system"] + (f", seed {results[-1]['seed']}" if args.vary_seed else ""),
+                                   *curve))
                 print(f"  {summary['steps_per_s']:,.0f} steps/s (whole loop {summary['steps_per_s_whole_loop']:,.0f}), "
                       f"rollout {summary['t_rollout']:.3f} s, update {summary['t_update']:.3f} s per iteration, "
                       f"{summary['grad_steps_per_iter']:.0f} Adam steps, mean return {summary['mean_return']:.1f}, "
@@ -234,11 +243,17 @@ def report(args: argparse.Namespace, out: Path, wall_s: float, results: list[dic
         base = next((r["steps_per_s"] for r in mine if r["system"] == baseline), math.nan)
         for r in mine:
             ratios.setdefault(r["system"], []).append(base / r["steps_per_s"])
-            rows.append([repeat, r["system"], f"{r['steps_per_s']:,.0f}", f"{r['steps_per_s_whole_loop']:,.0f}",
-                         f"{r['steps_per_s'] / base:.2f}x", f"{r['t_rollout']:.3f}", f"{r['t_update']:.3f}",
+            rows.append([repeat, r["seed"], r["system"], f"{r['steps_per_s']:,.0f}",
+                         f"{r['steps_per_s_whole_loop']:,.0f}", f"{r['steps_per_s'] / base:.2f}x",
+                         f"{r['t_rollout']:.3f}", f"{r['t_update']:.3f}",
                          f"{r['t_other']:.3f}", f"{r['grad_steps_per_iter']:.0f}",
                          f"{r['mean_return']:.1f} ({r['tail_episodes']})", f"{r['process_wall_s']:.0f}",
                          f"{r['load_before']:.2f}"])
+    returns: dict[str, list[float]] = {}
+    for r in results:
+        returns.setdefault(r["system"], []).append(r["mean_return"])
+    return_lines = [f"- {system}: final mean return {statistics.mean(xs):.2f} over {len(xs)} run(s) "
+                    f"({', '.join(f'{x:.2f}' for x in xs)})" for system, xs in returns.items()]
     ratio_lines = [f"- {baseline} / {system}, steps/s after the warm-up: median **{statistics.median(xs):.2f}x** over "
                    f"{len(xs)} repeat(s) ({', '.join(f'{x:.2f}x' for x in xs)})"
                    for system, xs in ratios.items() if system != baseline]
@@ -250,9 +265,9 @@ def report(args: argparse.Namespace, out: Path, wall_s: float, results: list[dic
         f"Per run (seconds per iteration; ours: rollout = rollout + gather, update = update + broadcast; RLlib: "
         f"update = its learner update, rollout = the rest of train(); ratio = steps/s over {baseline}'s in the same "
         "repeat):", "",
-        table(["repeat", "system", "steps/s", "steps/s whole loop", "ratio", "rollout s", "update s", "other s",
+        table(["repeat", "seed", "system", "steps/s", "steps/s whole loop", "ratio", "rollout s", "update s", "other s",
                "Adam steps / iter", "final mean return (episodes)", "process wall s", "load before"], rows),
-        "", *ratio_lines, "",
+        "", *ratio_lines, *return_lines, "",
         "What each system does (the work per iteration is the same; these are the differences):", "",
         *(f"- {note}" for note in NOTES),
         *(["", *(f"- {note}" for note in notes)] if notes else []),

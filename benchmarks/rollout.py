@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from harness import RESULTS, load_average, machine_lines, table, write_csv
 
-ENV_ID = "Walker2d-v5"
+ENV_ID = "Walker2d-v5"  # the default of --env
 SEED = 0
 ROUNDS, STEPS, CHUNK = 9, 8192, 1024  # per variant: ROUNDS rounds of STEPS steps, in chunks of CHUNK
 ENVS_PER_RANK = (2, 4)  # the rollout_<K>envs variants
@@ -40,16 +40,15 @@ TARGET_RATIO = 0.80
 SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
-def bare_loop(seed: int, steps: int, sample: bool) -> Callable[[], None]:
+def bare_loop(env_id: str, seed: int, steps: int, sample: bool) -> Callable[[], None]:
     """A prepared bare loop: each call runs the next ``steps`` env.step calls (episodes go on across calls)."""
-    import gymnasium
+    from algos.spaces import make_env
 
-    env = gymnasium.make(ENV_ID)
+    env = make_env(env_id)
     env.reset(seed=seed)
     env.action_space.seed(seed)
     space = env.action_space
-    actions = np.random.default_rng(seed).uniform(space.low, space.high, size=(steps, *space.shape)).astype(
-        space.dtype)
+    actions = [space.sample() for _ in range(steps)]
 
     def run() -> None:
         for t in range(steps):
@@ -60,22 +59,23 @@ def bare_loop(seed: int, steps: int, sample: bool) -> Callable[[], None]:
     return run
 
 
-def rollout_loop(seed: int, steps: int, n_envs: int = 1) -> tuple[Callable[[], None], Callable[[], None]]:
+def rollout_loop(env_id: str, seed: int, steps: int, n_envs: int = 1
+                 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """(rollout, actor_only), prepared: each call runs the next ``steps`` steps (over n_envs envs stepped in
     lockstep). The actor is a fresh ActorCritic's numpy snapshot, as train.py's first iteration uses."""
-    import gymnasium
     import keras
 
     from algos import ActorCritic, RolloutWorker
+    from algos.atari import is_atari
+    from algos.spaces import action_spec, make_env, obs_spec
 
-    env = gymnasium.make(ENV_ID)
+    envs = [make_env(env_id) for _ in range(n_envs)]
     keras.utils.set_random_seed(seed)
-    ac = ActorCritic(env.observation_space.shape[0], env.action_space, hidden=(64, 64))
+    ac = ActorCritic(obs_spec(envs[0].observation_space), action_spec(envs[0].action_space), hidden=(64, 64))
     actor = ac.numpy_actor()
-    worker = RolloutWorker([env] + [gymnasium.make(ENV_ID) for _ in range(n_envs - 1)], seed=seed, gamma=0.99,
-                           lam=0.95)
+    worker = RolloutWorker(envs, seed=seed, gamma=0.99, lam=0.95, atari=is_atari(env_id))
     rng = np.random.default_rng(seed)
-    obs_rows = np.random.default_rng(seed).normal(size=(steps, 1, env.observation_space.shape[0])).astype(np.float32)
+    obs_rows = np.stack([envs[0].observation_space.sample() for _ in range(steps)])[:, None]  # (steps, 1, *obs)
 
     def rollout() -> None:
         worker.collect(steps, actor, rng)
@@ -95,15 +95,16 @@ def measure(run: Callable[[], None]) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def measure_rounds(rounds: int, chunks: int) -> list[dict[str, Any]]:
+def measure_rounds(env_id: str, rounds: int, chunks: int) -> list[dict[str, Any]]:
     """One record per round and variant: the variants' chunks interleaved, the order rotated every chunk."""
     records: list[dict[str, Any]] = []
     steps = chunks * CHUNK
     for k in range(rounds):
-        rollout, actor_only = rollout_loop(SEED, CHUNK)
-        loops = {"bare": bare_loop(SEED, CHUNK, sample=False), "bare_sample": bare_loop(SEED, CHUNK, sample=True),
-                 "rollout": rollout, "actor_only": actor_only,
-                 **{f"rollout_{n}envs": rollout_loop(SEED, CHUNK, n)[0] for n in ENVS_PER_RANK}}
+        rollout, actor_only = rollout_loop(env_id, SEED, CHUNK)
+        loops = {"bare": bare_loop(env_id, SEED, CHUNK, sample=False),
+                 "bare_sample": bare_loop(env_id, SEED, CHUNK, sample=True), "rollout": rollout,
+                 "actor_only": actor_only, **{f"rollout_{n}envs": rollout_loop(env_id, SEED, CHUNK, n)[0]
+                                              for n in ENVS_PER_RANK}}
         totals = {v: [0.0, 0.0] for v in VARIANTS}  # wall s, CPU s
         loads = [load_average()]
         for c in range(chunks):
@@ -142,11 +143,11 @@ def summarize(records: list[dict[str, Any]]) -> tuple[list[list[str]], dict[str,
     return rows, {key: statistics.median(values) for key, values in ratios.items()}
 
 
-def parallel_worker(index: int, steps: int) -> int:
+def parallel_worker(env_id: str, index: int, steps: int) -> int:
     """Worker mode: prepare a bare loop and a rollout of ``steps`` steps, say "ready", then for each line "bare" or
     "rollout" on stdin run it and print {"wall_s": ...}; stop at "quit" or end of input."""
-    rollout, _ = rollout_loop(SEED + index, steps)
-    loops = {"bare": bare_loop(SEED + index, steps, sample=False), "rollout": rollout}
+    rollout, _ = rollout_loop(env_id, SEED + index, steps)
+    loops = {"bare": bare_loop(env_id, SEED + index, steps, sample=False), "rollout": rollout}
     for loop in loops.values():
         loop()  # warm: first calls allocate and fault pages in
     print("ready", flush=True)
@@ -163,10 +164,11 @@ class Workers:
     """``count`` parallel_worker processes of ``steps`` steps each, driven through pipes; every read is bounded by
     ``timeout_s``."""
 
-    def __init__(self, count: int, steps: int, timeout_s: float = 300.0) -> None:
+    def __init__(self, env_id: str, count: int, steps: int, timeout_s: float = 300.0) -> None:
         self.timeout_s = timeout_s
         self.procs = [
-            subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--par_worker", str(i), str(steps)],
+            subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--par_worker", str(i), str(steps),
+                              "--env", env_id],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
             for i in range(count)
         ]
@@ -199,12 +201,12 @@ class Workers:
                 proc.wait()
 
 
-def measure_parallel(rounds: int, steps: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+def measure_parallel(env_id: str, rounds: int, steps: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Rounds of (one alone, both at once, and OVERSUB at once doing the same total work as two) for the bare loop
     and the rollout; rows and medians of the rates, efficiencies (two / 2 x one) and ratios OVERSUB / two."""
     rows: list[dict[str, Any]] = []
     over_steps = 2 * steps // OVERSUB
-    workers, crowd = Workers(2, steps), Workers(OVERSUB, over_steps)
+    workers, crowd = Workers(env_id, 2, steps), Workers(env_id, OVERSUB, over_steps)
     try:
         for k in range(rounds):
             for variant in ("bare", "rollout"):
@@ -261,7 +263,7 @@ def parallel_markdown(par_rows: list[dict[str, Any]], par: dict[str, float]) -> 
     ]
 
 
-def report(out: Path, wall_s: float, records: list[dict[str, Any]], par_rows: list[dict[str, Any]],
+def report(out: Path, env_id: str, wall_s: float, records: list[dict[str, Any]], par_rows: list[dict[str, Any]],
            par: dict[str, float]) -> None:
     """rollout.csv, parallel.csv (when the two-process part ran) and results.md."""
     rows, s = summarize(records)
@@ -275,7 +277,7 @@ def report(out: Path, wall_s: float, records: list[dict[str, Any]], par_rows: li
                                f"target {TARGET_RATIO:.2f}: {'met' if ratio >= TARGET_RATIO else 'missed'}")
     lines = [
         *machine_lines(wall_s, f"median {statistics.median(loads):.2f}, {min(loads):.2f}-{max(loads):.2f}", [
-            f"- what: {ENV_ID}, seed {SEED}; {max(r['round'] for r in records)} rounds of {records[0]['steps']} "
+            f"- what: {env_id}, seed {SEED}; {max(r['round'] for r in records)} rounds of {records[0]['steps']} "
             f"steps per variant, interleaved in chunks of {CHUNK} steps (order rotated each chunk); one process"]),
         "", "Median over rounds:", "",
         table(["variant", "steps/s", "us per step"], rows), "",
@@ -293,6 +295,8 @@ def report(out: Path, wall_s: float, records: list[dict[str, Any]], par_rows: li
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(RESULTS / "rollout"), help="output directory (default: %(default)s)")
+    parser.add_argument("--env", default=ENV_ID, help="gymnasium env id (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds of {STEPS} steps (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke test: one round of {CHUNK} steps per variant, no two-process part")
     parser.add_argument("--par_worker", type=int, nargs=2, help=argparse.SUPPRESS)  # internal: INDEX STEPS
@@ -302,13 +306,13 @@ def main() -> int:
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **SINGLE_THREADED})
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.par_worker:
-        return parallel_worker(*args.par_worker)
+        return parallel_worker(args.env, *args.par_worker)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    records = measure_rounds(1, 1) if args.quick else measure_rounds(ROUNDS, STEPS // CHUNK)
-    par_rows, par = ([], {}) if args.quick else measure_parallel(PAR_ROUNDS, PAR_STEPS)
-    report(out, time.perf_counter() - started, records, par_rows, par)
+    records = measure_rounds(args.env, 1, 1) if args.quick else measure_rounds(args.env, args.rounds, STEPS // CHUNK)
+    par_rows, par = ([], {}) if args.quick else measure_parallel(args.env, PAR_ROUNDS, PAR_STEPS)
+    report(out, args.env, time.perf_counter() - started, records, par_rows, par)
     return 0
 
 

@@ -1,36 +1,26 @@
-"""Rank 0's PPO update alone, side by side: this checkout against an older commit, and each speed lever turned off
-(benchmarks/README.md, section update.py).
+"""Rank 0's PPO update alone, side by side with each speed lever turned off (benchmarks/README.md, section
+update.py).
 
 Every variant runs in its own process: Walker2d-v5's ActorCritic, PPO with the default hyperparameters but
 target_kl=None (every update runs all 10 epochs), one fixed batch of 2,048 random rows; two warm-up updates, then the
-median of ``--updates`` timed ones, each after ``--between``: nothing, a 1,024-step rollout (as in train.py) or a
-sleep as long. BASELINE is ``git archive BASELINE algos mpi_util`` run as train.py ran it then (intra-op threads =
-CPUs, oneDNN on). The levers (algos/ppo.py, algos/adam.py, train.py's Learner), turned off one at a time by patching
-this checkout in the child: keras_adam, graph_loop (an epoch as a tf.range loop instead of unrolled), intra_all
-(intra-op threads = CPUs), onednn_on. Variants alternate in order from repeat to repeat; ratios pair runs of the same
-repeat. Writes runs.csv and results.md to ``--out``.
+median of ``--updates`` timed ones, back to back. The levers (algos/ppo.py, algos/adam.py, the trainer's thread
+settings), turned off one at a time by patching the learner in the child: keras_adam, graph_loop (an epoch as a
+tf.range loop instead of unrolled), intra_all (intra-op threads = CPUs), onednn_on. Variants alternate in order from
+repeat to repeat; ratios pair runs of the same repeat. Writes runs.csv and results.md to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from harness import REPO, fmt, load_average, median, options, table, write_results
+from harness import fmt, load_average, median, options, table, write_results
 
-# Rank 0's share of a 2,048-step batch at --nprocs 2.
-ROLLOUT_STEPS = 1024
-# About how long rank 0 takes to roll out ROLLOUT_STEPS steps in train.py at --nprocs 2 on the 2-core machine.
-ROLLOUT_S = 0.1
 LEVERS = ("keras_adam", "graph_loop", "intra_all", "onednn_on")
 LABELS = {"keras_adam": "now, Keras Adam", "graph_loop": "now, graph loop", "intra_all": "now, intra-op = CPUs",
           "onednn_on": "now, oneDNN on"}
@@ -87,21 +77,11 @@ def walker2d_ppo() -> tuple[Any, tuple]:
     return ppo, batch
 
 
-def random_rollout(env: Any) -> None:
-    """ROLLOUT_STEPS steps of ``env`` with random actions, resetting at episode ends: rank 0's rollout between two
-    updates in train.py."""
-    for _ in range(ROLLOUT_STEPS):
-        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
-        if terminated or truncated:
-            env.reset()
-
-
-def child(intra_threads: int, lever: str, updates: int, between: str) -> None:
-    """Time ``updates`` PPO updates of the algos this process imports (the parent's PYTHONPATH picks the checkout),
-    each after ``between``; print {"t_update": [s, ...]} as JSON. TF_ENABLE_ONEDNN_OPTS is in the environment
-    already; TensorFlow's threads are set as train.py sets them (inter-op min(2, CPUs), deterministic ops)."""
+def child(intra_threads: int, lever: str, updates: int) -> None:
+    """Time ``updates`` PPO updates, back to back; print {"t_update": [s, ...]} as JSON. TF_ENABLE_ONEDNN_OPTS is in
+    the environment already; TensorFlow's threads are set as train.py sets them (inter-op min(2, CPUs), deterministic
+    ops)."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    import gymnasium
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(intra_threads)
@@ -110,33 +90,21 @@ def child(intra_threads: int, lever: str, updates: int, between: str) -> None:
     if lever not in ("", "intra_all", "onednn_on"):
         turn_off(lever)
     ppo, batch = walker2d_ppo()
-    env = gymnasium.make("Walker2d-v5") if between == "rollout" else None  # what random_rollout steps
-    if env is not None:
-        env.reset(seed=0)
-        env.action_space.seed(0)
     for _ in range(2):
         ppo.update(*batch)
     times = []
     for _ in range(updates):
-        if between == "rollout":
-            random_rollout(env)
-        elif between == "idle":
-            time.sleep(ROLLOUT_S)
         start = time.perf_counter()
         ppo.update(*batch)
         times.append(time.perf_counter() - start)
     print(json.dumps({"t_update": times}))
 
 
-def run_variant(name: str, tree: Path, lever: str, intra: int, onednn: str, updates: int,
-                between: str) -> dict[str, Any]:
-    # PYTHONPATH puts the tree's algos and mpi_util on the module path after benchmarks/ (which has neither) and
-    # before site-packages, so they win over the editable install of this checkout.
-    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn, "PYTHONPATH": str(tree)}
+def run_variant(name: str, lever: str, intra: int, onednn: str, updates: int) -> dict[str, Any]:
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn}
     load = load_average()
     result = subprocess.run(
-        [sys.executable, __file__, "--child", "--intra", str(intra), "--lever", lever,
-         "--updates", str(updates), "--between", between],
+        [sys.executable, __file__, "--child", "--intra", str(intra), "--lever", lever, "--updates", str(updates)],
         capture_output=True, text=True, env=env, timeout=600, check=False)
     if result.returncode != 0:
         raise SystemExit(f"update.py: {name} failed:\n{result.stderr[-3000:]}")
@@ -147,15 +115,9 @@ def run_variant(name: str, tree: Path, lever: str, intra: int, onednn: str, upda
 
 def parse_args() -> argparse.Namespace:
     parser = options(__doc__, "update", repeats=3)
-    parser.add_argument("--baseline", default="f218846", help="the commit to compare with (default: %(default)s)")
     parser.add_argument("--updates", type=int, default=10, help="timed updates per run (default: %(default)s)")
     parser.add_argument("--levers", default=",".join(LEVERS),
                         help="comma-separated levers to turn off one at a time, or '' (default: all)")
-    parser.add_argument("--between", choices=("none", "rollout", "idle"), default="none",
-                        help="what runs before each timed update: none (updates back to back), rollout "
-                             f"({ROLLOUT_STEPS:,} random-action steps of Walker2d-v5, as rank 0 rolls out between "
-                             f"updates in train.py) or idle (a {ROLLOUT_S} s sleep, about that rollout's time) "
-                             "(default: %(default)s)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--intra", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--lever", default="", help=argparse.SUPPRESS)
@@ -165,7 +127,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     if args.child:
-        child(args.intra, args.lever, args.updates, args.between)
+        child(args.intra, args.lever, args.updates)
         return 0
     levers = [lever for lever in args.levers.split(",") if lever]
     unknown = sorted(set(levers) - set(LEVERS))
@@ -173,45 +135,29 @@ def main() -> int:
         raise SystemExit(f"update.py: error: unknown lever(s) {unknown}; choose from {', '.join(LEVERS)}")
     started = time.monotonic()
     runs = []
-    with tempfile.TemporaryDirectory() as scratch:
-        old_tree = Path(scratch) / args.baseline
-        old_tree.mkdir()
-        archive = subprocess.run(["git", "archive", args.baseline, "algos", "mpi_util"], cwd=REPO,
-                                 capture_output=True, check=True).stdout
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(old_tree, filter="data")
-        cpus = os.cpu_count() or 1
-        # (name, checkout, lever turned off, intra-op threads, TF_ENABLE_ONEDNN_OPTS)
-        variants = [(args.baseline, old_tree, "", cpus, "1"), ("now", REPO, "", 1, "0")]
-        for lever in levers:
-            variants.append((LABELS[lever], REPO, lever, cpus if lever == "intra_all" else 1,
-                             "1" if lever == "onednn_on" else "0"))
-        for repeat in range(args.repeats):
-            for name, tree, lever, intra, onednn in variants if repeat % 2 == 0 else variants[::-1]:
-                run = {**run_variant(name, tree, lever, intra, onednn, args.updates, args.between), "repeat": repeat}
-                runs.append(run)
-                print(f"repeat {repeat} {name}: t_update {run['t_update_s'] * 1000:.1f} ms", flush=True)
+    cpus = os.cpu_count() or 1
+    # (name, lever turned off, intra-op threads, TF_ENABLE_ONEDNN_OPTS)
+    variants = [("now", "", 1, "0")] + [(LABELS[lever], lever, cpus if lever == "intra_all" else 1,
+                                         "1" if lever == "onednn_on" else "0") for lever in levers]
+    for repeat in range(args.repeats):
+        for name, lever, intra, onednn in variants if repeat % 2 == 0 else variants[::-1]:
+            run = {**run_variant(name, lever, intra, onednn, args.updates), "repeat": repeat}
+            runs.append(run)
+            print(f"repeat {repeat} {name}: t_update {run['t_update_s'] * 1000:.1f} ms", flush=True)
     for run in runs:
-        base = next(r for r in runs if r["repeat"] == run["repeat"] and r["variant"] == args.baseline)
         now = next(r for r in runs if r["repeat"] == run["repeat"] and r["variant"] == "now")
-        run["ratio_to_baseline"] = run["t_update_s"] / base["t_update_s"]
         run["ratio_to_now"] = run["t_update_s"] / now["t_update_s"]
     rows = []
     for name, *_ in variants:
         mine = [r for r in runs if r["variant"] == name]
         rows.append([name, mine[0]["intra_op_threads"], mine[0]["onednn"],
                      fmt(median([r["t_update_s"] for r in mine]) * 1000, 1),
-                     ", ".join(f"{r['ratio_to_baseline']:.2f}" for r in mine),
                      ", ".join(f"{r['ratio_to_now']:.2f}" for r in mine)])
-    header = ["variant", "intra-op threads", "TF_ENABLE_ONEDNN_OPTS", "t_update (ms, median)",
-              f"t_update / {args.baseline} (per repeat)",
-              "t_update / now (per repeat)"]
-    text = table(header, rows)
-    between = {"none": "nothing (back to back)", "idle": f"a {ROLLOUT_S} s sleep",
-               "rollout": f"{ROLLOUT_STEPS:,} steps of Walker2d-v5 with random actions"}[args.between]
+    text = table(["variant", "intra-op threads", "TF_ENABLE_ONEDNN_OPTS", "t_update (ms, median)",
+                  "t_update / now (per repeat)"], rows)
     about = (f"- each run: PPO update of Walker2d's ActorCritic on a fixed 2,048-row batch, 10 epochs x 32 "
-             f"minibatches, target_kl off; median of {args.updates} updates after 2 warm-up ones, each after "
-             f"{between}; {args.repeats} interleaved repeats")
+             f"minibatches, target_kl off; median of {args.updates} updates after 2 warm-up ones, back to back; "
+             f"{args.repeats} interleaved repeats")
     loads = ", ".join(f"r{r['repeat']} {r['variant']}: {r['load_before']:.2f}" for r in runs)
     write_results(args.out, runs, text, time.monotonic() - started, loads, [about])
     return 0
