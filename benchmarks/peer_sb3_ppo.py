@@ -1,4 +1,4 @@
-"""stable-baselines3 PPO with the work per iteration of train.py's defaults, the peer vs_sb3.py and peers.py measure:
+"""stable-baselines3 PPO with the work per iteration of train.py's defaults, the peer peers.py measures:
 one env under VecNormalize (clip 10), n_steps 2048, batch 64, 10 epochs, lr 3e-4, target_kl 0.02, torch on
 ``--torch_threads`` thread(s). An image env gets train.py's network instead: separate policy and value CNNs of
 train.py's torso (algos.spaces.conv_layers), rewards normalized, pixels scaled to [0, 1]; an Atari id SB3's own Atari

@@ -186,7 +186,7 @@ def plot_curves(curves: list[tuple[str, list[float], list[float]]], path: Path, 
     plt.close(fig)
 
 
-def main(argv: Sequence[str] | None = None, plot_name: str = "peers.png") -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out = args.out.resolve()
     notes: list[str] = []
@@ -228,8 +228,9 @@ def main(argv: Sequence[str] | None = None, plot_name: str = "peers.png") -> int
         print("peers: no run finished; nothing written", file=sys.stderr)
         return 1
     report(args, out, time.perf_counter() - started, results, versions, notes)
-    plot_curves(curves, out / plot_name, f"{args.env}, {args.total_steps} steps, seed {args.seed} (one curve per "
-                "system: the first repeat's; RLlib's is its running mean of the last 100 episodes)")
+    which = "one curve per run" if args.vary_seed else f"seed {args.seed}, one curve per system: the first repeat's"
+    plot_curves(curves, out / "peers.png", f"{args.env}, {args.total_steps} steps ({which}; RLlib's is its running "
+                "mean of the last 100 episodes)")
     return 1 if any(" failed: " in note for note in notes) else 0
 
 
