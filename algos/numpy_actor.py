@@ -41,9 +41,17 @@ def conv2d(x: np.ndarray, kernel: np.ndarray, stride: int) -> np.ndarray:
     return np.dot(columns, kernel.transpose(2, 0, 1, 3).reshape(-1, kernel.shape[3])).reshape(n, ho, wo, -1)
 
 
+# Images per pass of numpy_cnn_forward. Its im2col matrix takes 0.4 MB per 84x84x4 image in the Nature CNN's first
+# layer: a rollout's batched value call over 2,048 images at once would build (and fault in) 840 MB.
+CNN_ROWS = 16
+
+
 def numpy_cnn_forward(weights: list[np.ndarray], x: np.ndarray, obs: ObsSpec) -> np.ndarray:
     """The function of build_cnn in numpy: x (N, H, W, C) uint8 -> (N, out_dim) float32; weights as in model.weights.
-    Agrees with TensorFlow's to float32 round-off, not to the bit."""
+    Agrees with TensorFlow's to float32 round-off, not to the bit. Runs CNN_ROWS images at a time."""
+    if len(x) > CNN_ROWS:
+        return np.concatenate([numpy_cnn_forward(weights, x[i : i + CNN_ROWS], obs)
+                               for i in range(0, len(x), CNN_ROWS)])
     convs, _ = conv_layers(obs.shape)
     h = x.astype(np.float32)
     h *= np.float32(obs.scale)
