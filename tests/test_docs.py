@@ -263,6 +263,19 @@ FIGURES = [
      "processes 25,189 (1.72x)", "ars_mpi/results.md",
      ["| plain ARS, 1 process | 14,477 | 1.00x |", "| mpi_util.sb3 ARS, 1 process | 14,207 | 0.99x |",
       "| mpi_util.sb3 ARS, 2 processes | 25,189 | 1.72x |"]),
+    ("sb3.md", "mean score over the last 100 games was 4.3 after 163,840 steps", "sb3_atari/run.md",
+     ["163840 steps, mean score of the last 100 games 4.3"]),
+    ("sb3.md", "random play scores 1.6 over 100 games", "sb3_atari/run.md", ["scored 1.62 on average"]),
+    ("training.md", "the training return was 12.3 at `--nprocs 2` and 9.8 at `--nprocs 4`", "peers_minatar/results.md",
+     ["train.py --nprocs 2: final mean return 12.30 over 3 run(s)",
+      "train.py --nprocs 4: final mean return 9.83 over 3 run(s)"]),
+    ("training.md", "against 10.4 for stable-baselines3 PPO with the same network, at 2.06x its steps/s",
+     "peers_minatar/results.md", ["torch 1 thread(s): final mean return 10.43 over 3 run(s)",
+                                  "steps/s after the warm-up: median **2.06x** over 3 repeat(s)"]),
+    ("training.md", "Atari runs at 76-90 steps/s", "scaling_pong/results.md", ["| 1 | 76 | 546 |", "| 2 | 90 | 1,040 |",
+                                                                              "| 8 | 90 | nan |"]),
+    ("training.md", "1.21x stable-baselines3 at equal work", "peers_pong/results.md",
+     ["steps/s after the warm-up: median **1.21x** over 1 repeat(s)"]),
 ]
 # Cited for something other than a figure: a picture.
 CITED_WITHOUT_FIGURES = {"benchmarks/results/walker2d_play/walker2d_ppo_s5.png"}
