@@ -203,21 +203,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for repeat in range(args.repeats):
             for system, n in jobs if repeat % 2 == 0 else list(reversed(jobs)):
+                seed = args.seed + repeat if args.vary_seed else args.seed
                 print(f"peers: repeat {repeat + 1}/{args.repeats}: {system} ({n}), {args.total_steps} steps "
                       f"(load {load_average():.2f}) ...", flush=True)
                 try:
                     summary, curve, run_versions = run_job(args, system, n, workroot / f"r{repeat}_{system}_{n}",
-                                                           args.seed + repeat if args.vary_seed else args.seed)
+                                                           seed)
                 except RuntimeError as error:  # one failed system must not cost the others' measurements
                     notes.append(f"repeat {repeat + 1}, {system} ({n}) failed: {str(error).splitlines()[0]}")
                     print(f"peers: {error}", flush=True)
                     continue
                 versions.update(run_versions)
-                results.append({"repeat": repeat + 1, "seed": args.seed + repeat if args.vary_seed else args.seed,
-                                **summary})
+                results.append({"repeat": repeat + 1, "seed": seed, **summary})
                 if repeat == 0 or args.vary_seed:  # one seed: one curve per system says what it learns
-                    curves.append((summary["system"] + (f", seed {results[-1]['seed']}" if args.vary_seed else ""),
-                                   *curve))
+                    curves.append((summary["system"] + (f", seed {seed}" if args.vary_seed else ""), *curve))
                 print(f"  {summary['steps_per_s']:,.0f} steps/s (whole loop {summary['steps_per_s_whole_loop']:,.0f}), "
                       f"rollout {summary['t_rollout']:.3f} s, update {summary['t_update']:.3f} s per iteration, "
                       f"{summary['grad_steps_per_iter']:.0f} Adam steps, mean return {summary['mean_return']:.1f}, "
@@ -258,7 +257,8 @@ def report(args: argparse.Namespace, out: Path, wall_s: float, results: list[dic
     ratio_lines = [f"- {baseline} / {system}, steps/s after the warm-up: median **{statistics.median(xs):.2f}x** over "
                    f"{len(xs)} repeat(s) ({', '.join(f'{x:.2f}x' for x in xs)})"
                    for system, xs in ratios.items() if system != baseline]
-    about = [f"- budget: {args.total_steps} steps per run on {args.env}, seed {args.seed}; warm-up {args.warmup} "
+    seeds = f"seeds {args.seed}-{args.seed + args.repeats - 1}" if args.vary_seed else f"seed {args.seed}"
+    about = [f"- budget: {args.total_steps} steps per run on {args.env}, {seeds}; warm-up {args.warmup} "
              f"iteration(s) left out of steps/s; final mean return over the episodes of the last {args.tail} "
              "iterations; " + ", ".join(f"{k} {v}" for k, v in versions.items())]
     loads = ", ".join(f"r{r['repeat']} {r['system'].split(', torch')[0]}: {r['load_before']:.2f}" for r in results)
