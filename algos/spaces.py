@@ -71,6 +71,11 @@ def _one_line(space: Any) -> str:
     return " ".join(str(space).split())
 
 
+def _unsupported_obs(space: Any) -> ValueError:
+    """The one-line error for an observation space the policy cannot read."""
+    return ValueError(f"observation space {_one_line(space)} is not supported; supported: {SUPPORTED}")
+
+
 def obs_spec(space: Any) -> ObsSpec:
     """The ObsSpec of a gymnasium observation space (after flatten_obs_space); ValueError with a one-line reason
     naming what is supported."""
@@ -85,7 +90,7 @@ def obs_spec(space: Any) -> ObsSpec:
             raise ValueError("image observations must be uint8 or bool with values in [0, 255], got "
                              f"{_one_line(space)}")
         return ObsSpec(tuple(int(n) for n in space.shape), scale=1.0 / high)
-    raise ValueError(f"observation space {_one_line(space)} is not supported; supported: {SUPPORTED}")
+    raise _unsupported_obs(space)
 
 
 def action_spec(space: Any) -> ActionSpec:
@@ -149,8 +154,7 @@ def make_env(env_id: str, **kwargs: Any) -> Any:
         parts = env.observation_space.spaces
         parts = parts.values() if isinstance(parts, dict) else parts
         if not all(isinstance(part, gymnasium.spaces.Box) for part in parts):
-            raise ValueError(f"observation space {_one_line(env.observation_space)} is not supported; supported: "
-                             f"{SUPPORTED}")
+            raise _unsupported_obs(env.observation_space)
         from algos.flatten import FlattenedObservation
 
         env = FlattenedObservation(env)

@@ -56,16 +56,15 @@ def main() -> int:
     from algos.spaces import conv_layers, register_namespace
 
     register_namespace(args.env)
-    image = len(gymnasium.make(args.env).observation_space.shape) == 3
     if args.env.startswith("ALE/"):
         from stable_baselines3.common.env_util import make_atari_env
         from stable_baselines3.common.vec_env import VecFrameStack
 
-        frames = VecFrameStack(make_atari_env(args.env, 1, args.seed, env_kwargs={"frameskip": 1}), n_stack=4)
-        env = VecNormalize(frames, norm_obs=False, gamma=0.99)
+        base = VecFrameStack(make_atari_env(args.env, 1, args.seed, env_kwargs={"frameskip": 1}), n_stack=4)
     else:
-        env = VecNormalize(DummyVecEnv([lambda: Monitor(gymnasium.make(args.env))]), norm_obs=not image,
-                           clip_obs=10.0, gamma=0.99)
+        base = DummyVecEnv([lambda: Monitor(gymnasium.make(args.env))])
+    image = len(base.observation_space.shape) == 3
+    env = VecNormalize(base, norm_obs=not image, clip_obs=10.0, gamma=0.99)
     policy_kwargs = {}
     if image:
         policy_kwargs = {"features_extractor_class": _torso_class(conv_layers), "share_features_extractor": False,

@@ -81,11 +81,12 @@ def _check_same_collective(comm: MPI.Comm, everyone: np.ndarray, what: str, sequ
         if codes[comm.Get_rank()] == _SCRIPT_END:
             return  # this rank is ending: the others raise
         hosts = watch.board.host_names if watch.board is not None else ["?"] * len(codes)
-        for r in ended:
+        ended_ranks = [int(r) for r in ended]
+        for r in ended_ranks:
             last, code, pid = (int(v) for v in everyone[r, 1:4])
-            watch.departed[int(r)] = (last, code, pid, hosts[r])
+            watch.departed[r] = (last, code, pid, hosts[r])
         watch.gave_up = sequence  # the job cannot go on: no meet at this rank's own end
-        raise RankEndedError(watch.ended_message(what, sequence, [int(r) for r in ended]), [int(r) for r in ended])
+        raise RankEndedError(watch.ended_message(what, sequence, ended_ranks), ended_ranks)
     others = np.flatnonzero(codes != codes[0])
     if len(others) == 0:
         return
