@@ -1,11 +1,11 @@
-"""stable-baselines3 PPO with the work per iteration of train.py's defaults, the peer peers.py measures:
-one env under VecNormalize (clip 10), n_steps 2048, batch 64, 10 epochs, lr 3e-4, target_kl 0.02, torch on
-``--torch_threads`` thread(s). An image env gets train.py's network instead: separate policy and value CNNs of
-train.py's torso (algos.spaces.conv_layers), rewards normalized, pixels scaled to [0, 1]; an Atari id SB3's own Atari
-preprocessing (noop reset, frame skip 4, 84x84 grey, a lost life ends the episode for learning, clipped rewards,
-and FIRE at reset, which train.py does not press) with 4 stacked frames. ``--json PATH`` writes the per-iteration
-record peers.py reads (steps, wall_s, t_rollout, t_update, grad_steps and the returns of the episodes that ended in
-the iteration).
+"""stable-baselines3 PPO with the work per iteration of train.py's defaults, the peer peers.py measures: one env under
+VecNormalize (clip 10), n_steps 2048, batch 64, 10 epochs, lr 3e-4, target_kl 0.02, torch on ``--torch_threads``
+thread(s); --batch_size, --epochs, --minibatch_size and --lr change the work as train.py's options of those names do.
+An image env gets train.py's network instead: separate policy and value CNNs of train.py's torso
+(algos.spaces.conv_layers), rewards normalized, pixels scaled to [0, 1]; an Atari id SB3's own Atari preprocessing
+(noop reset, frame skip 4, 84x84 grey, a lost life ends the episode for learning, clipped rewards, and FIRE at reset,
+which train.py does not press) with 4 stacked frames. ``--json PATH`` writes the per-iteration record peers.py reads
+(steps, wall_s, t_rollout, t_update, grad_steps and the returns of the episodes that ended in the iteration).
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-BATCH = 2048
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -25,6 +23,8 @@ def main() -> int:
     parser.add_argument("--total_steps", type=int, default=61_440)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torch_threads", type=int, default=1)
+    for name, default in (("batch_size", 2048), ("epochs", 10), ("minibatch_size", 64), ("lr", 3e-4)):
+        parser.add_argument(f"--{name}", type=type(default), default=default, help="as train.py's option")
     parser.add_argument("--json", type=Path, help="where the per-iteration record goes")
     args = parser.parse_args()
 
@@ -69,17 +69,18 @@ def main() -> int:
     if image:
         policy_kwargs = {"features_extractor_class": _torso_class(conv_layers), "share_features_extractor": False,
                          "net_arch": []}
-    model = PPO("CnnPolicy" if image else "MlpPolicy", env, policy_kwargs=policy_kwargs, n_steps=BATCH,
-                batch_size=64, n_epochs=10, learning_rate=3e-4, clip_range=0.2,
+    model = PPO("CnnPolicy" if image else "MlpPolicy", env, policy_kwargs=policy_kwargs, n_steps=args.batch_size,
+                batch_size=args.minibatch_size, n_epochs=args.epochs, learning_rate=args.lr, clip_range=0.2,
                 gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5, ent_coef=0.0, vf_coef=0.5, target_kl=0.02,
                 seed=args.seed, device="cpu", verbose=0)
     model.policy.optimizer.register_step_post_hook(lambda *_: grad_steps.__setitem__(0, grad_steps[0] + 1))
     started = time.perf_counter()
     model.learn(total_timesteps=args.total_steps, callback=Recorder())
     marks.append((time.perf_counter(), 0.0, grad_steps[0]))  # where the last update ends
-    iterations = [{"steps": (k + 1) * BATCH, "wall_s": following[0] - started, "t_rollout": end - start,
+    batch = args.batch_size
+    iterations = [{"steps": (k + 1) * batch, "wall_s": following[0] - started, "t_rollout": end - start,
                    "t_update": following[0] - end, "grad_steps": following[2] - before,
-                   "returns": [r for steps, r in episodes if k * BATCH < steps <= (k + 1) * BATCH]}
+                   "returns": [r for steps, r in episodes if k * batch < steps <= (k + 1) * batch]}
                   for k, ((start, end, before), following) in enumerate(zip(marks[:-1], marks[1:], strict=True))]
     print(f"{len(iterations)} iterations in {marks[-1][0] - started:.1f} s")
     if args.json:

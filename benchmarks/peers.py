@@ -1,9 +1,10 @@
-"""train.py and its peers at equal work, side by side: stable-baselines3 PPO (peer_sb3_ppo.py), a CleanRL-style
-torch PPO (peer_cleanrl_ppo.py) and RLlib PPO (peer_rllib_ppo.py, in benchmarks/.venv-rllib from setup_peers.sh;
-skipped with a note without it). Every system runs the same env, budget and seed with 2,048 steps and 10 epochs of
-64-row minibatches per update; each run is a fresh subprocess, one at a time, in an order that reverses from repeat
-to repeat, and ratios pair runs of the same repeat (benchmarks/README.md, section peers.py). Writes runs.csv,
-results.md and a plot of the returns to ``--out``.
+"""train.py and its peers at equal work, side by side: stable-baselines3 PPO (peer_sb3_ppo.py), a CleanRL-style torch
+PPO (peer_cleanrl_ppo.py) and RLlib PPO (peer_rllib_ppo.py, in benchmarks/.venv-rllib from setup_peers.sh; skipped
+with a note without it). Every system runs the same env, budget and seed with 2,048 steps and 10 epochs of 64-row
+minibatches per update (other work for train.py and stable-baselines3: --batch_size, --epochs, --minibatch_size,
+--lr); each run is a fresh subprocess, one at a time (--concurrent: a repeat's runs at once, for learning curves), in
+an order that reverses from repeat to repeat, and ratios pair runs of the same repeat (benchmarks/README.md, section
+peers.py). Writes runs.csv, results.md and a plot of the returns to ``--out``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +33,7 @@ from harness import (
     write_results,
 )
 
-BATCH = 2048
-MINIBATCH = 64
+WORK_DEFAULTS = {"batch_size": 2048, "epochs": 10, "minibatch_size": 64, "lr": 3e-4}  # train.py's PPO defaults
 RLLIB_PYTHON = REPO / "benchmarks" / ".venv-rllib" / "bin" / "python"  # made by setup_peers.sh
 SYSTEMS = ("ours", "sb3", "cleanrl", "rllib")
 
@@ -69,11 +70,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--vary_seed", action="store_true",
                         help="repeat k runs seed SEED + k, a learning comparison over seeds (default: every repeat "
                              "runs SEED)")
+    for name, default in WORK_DEFAULTS.items():
+        parser.add_argument(f"--{name}", type=type(default), default=default,
+                            help=f"train.py's --{name} for ours and stable-baselines3 (default: %(default)s)")
+    parser.add_argument("--concurrent", action="store_true",
+                        help="run a repeat's runs at the same time (learning curves: steps/s then share the cores)")
     args = parser.parse_args(argv)
-    iterations = args.total_steps // BATCH
+    if any(getattr(args, k) != v for k, v in WORK_DEFAULTS.items()) and {*args.systems} - {"ours", "sb3"}:
+        parser.error("--batch_size, --epochs, --minibatch_size and --lr apply to ours and sb3 only")
+    iterations = args.total_steps // args.batch_size
     if iterations <= args.warmup or iterations < args.tail:
-        parser.error(f"--total_steps {args.total_steps} gives {iterations} iteration(s) of {BATCH} steps: need more "
-                     f"than --warmup {args.warmup} and at least --tail {args.tail}")
+        parser.error(f"--total_steps {args.total_steps} gives {iterations} iteration(s) of {args.batch_size} steps: "
+                     f"need more than --warmup {args.warmup} and at least --tail {args.tail}")
     return args
 
 
@@ -102,13 +110,14 @@ def summarize_peer(record: dict[str, Any], system: str, nprocs: int, warmup: int
             "load_before": record["load_before"]}
 
 
-def summarize_ours(run: Any, warmup: int, tail: int) -> dict[str, Any]:
+def summarize_ours(run: Any, args: argparse.Namespace) -> dict[str, Any]:
     """summarize_peer's figures for a train.py run: rollout = rollout + gather, update = update + broadcast."""
-    s = summarize_run(run, warmup, tail, os.cpu_count() or 1)
+    s = summarize_run(run, args.warmup, args.tail, os.cpu_count() or 1)
     return {"system": f"train.py --nprocs {run.nprocs}", "nprocs": run.nprocs, "iterations": s["iterations"],
             "steps_per_s": s["steps_per_s"], "steps_per_s_whole_loop": s["steps_per_s_whole_loop"],
             "t_rollout": s["t_sampling"], "t_update": s["t_update"] + s["t_bcast"], "t_other": s["t_other"],
-            "grad_steps_per_iter": s["epochs_mean"] * math.ceil(BATCH / MINIBATCH), "mean_return": s["mean_return"],
+            "grad_steps_per_iter": s["epochs_mean"] * math.ceil(args.batch_size / args.minibatch_size),
+            "mean_return": s["mean_return"],
             "tail_episodes": s["tail_episodes"], "process_wall_s": s["process_wall_s"],
             "load_before": s["load_before"]}
 
@@ -142,15 +151,16 @@ def jobs_of(args: argparse.Namespace, rllib_ready: bool) -> list[tuple[str, int]
 def run_job(args: argparse.Namespace, system: str, n: int, workdir: Path, seed: int
             ) -> tuple[dict[str, Any], tuple[list[float], list[float]], dict[str, str]]:
     """One run: its summary, its return curve and the versions it ran with."""
+    work = [f"--{name}={getattr(args, name)}" for name in WORK_DEFAULTS]
     if system == "ours":
-        run = run_train(args.env, n, args.total_steps, workdir, args.timeout, ["--seed", str(seed)])
-        return (summarize_ours(run, args.warmup, args.tail),
+        run = run_train(args.env, n, args.total_steps, workdir, args.timeout, ["--seed", str(seed), *work])
+        return (summarize_ours(run, args),
                 ([r["total_steps"] for r in run.rows], [r["ep_return_mean"] for r in run.rows]), {})
     json_path = workdir / f"{system}.json"
     common = ["--total_steps", str(args.total_steps), "--seed", str(seed), "--torch_threads", "1",
               "--json", str(json_path)]
     if system == "sb3":
-        command = [sys.executable, str(REPO / "benchmarks" / "peer_sb3_ppo.py"), "--env", args.env, *common]
+        command = [sys.executable, str(REPO / "benchmarks" / "peer_sb3_ppo.py"), "--env", args.env, *common, *work]
         label = "stable-baselines3 PPO, 1 env, torch 1 thread(s)"
     elif system == "cleanrl":
         command = [sys.executable, str(REPO / "benchmarks" / "peer_cleanrl_ppo.py"), "--env_id", args.env,
@@ -202,13 +212,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     versions: dict[str, str] = {}
     try:
         for repeat in range(args.repeats):
-            for system, n in jobs if repeat % 2 == 0 else list(reversed(jobs)):
-                seed = args.seed + repeat if args.vary_seed else args.seed
-                print(f"peers: repeat {repeat + 1}/{args.repeats}: {system} ({n}), {args.total_steps} steps "
-                      f"(load {load_average():.2f}) ...", flush=True)
+            seed = args.seed + repeat if args.vary_seed else args.seed
+            order = jobs if repeat % 2 == 0 else list(reversed(jobs))
+            print(f"peers: repeat {repeat + 1}/{args.repeats}: {', '.join(f'{s} ({n})' for s, n in order)}, "
+                  f"{args.total_steps} steps each (load {load_average():.2f}) ...", flush=True)
+            with ThreadPoolExecutor(max_workers=len(order) if args.concurrent else 1) as pool:
+                runs = [pool.submit(run_job, args, system, n, workroot / f"r{repeat}_{system}_{n}", seed)
+                        for system, n in order]
+            for (system, n), finished in zip(order, runs, strict=True):
                 try:
-                    summary, curve, run_versions = run_job(args, system, n, workroot / f"r{repeat}_{system}_{n}",
-                                                           seed)
+                    summary, curve, run_versions = finished.result()
                 except RuntimeError as error:  # one failed system must not cost the others' measurements
                     notes.append(f"repeat {repeat + 1}, {system} ({n}) failed: {str(error).splitlines()[0]}")
                     print(f"peers: {error}", flush=True)
@@ -260,7 +273,10 @@ def report(args: argparse.Namespace, out: Path, wall_s: float, results: list[dic
     seeds = f"seeds {args.seed}-{args.seed + args.repeats - 1}" if args.vary_seed else f"seed {args.seed}"
     about = [f"- budget: {args.total_steps} steps per run on {args.env}, {seeds}; warm-up {args.warmup} "
              f"iteration(s) left out of steps/s; final mean return over the episodes of the last {args.tail} "
-             "iterations; " + ", ".join(f"{k} {v}" for k, v in versions.items())]
+             f"iterations; per iteration {args.batch_size} steps, {args.epochs} epochs of {args.minibatch_size}-row "
+             f"minibatches, lr {args.lr}; "
+             + ("a repeat's runs at the same time (--concurrent), sharing the cores; " if args.concurrent else "")
+             + ", ".join(f"{k} {v}" for k, v in versions.items())]
     loads = ", ".join(f"r{r['repeat']} {r['system'].split(', torch')[0]}: {r['load_before']:.2f}" for r in results)
     body = "\n".join([
         f"Per run (seconds per iteration; ours: rollout = rollout + gather, update = update + broadcast; RLlib: "
