@@ -276,6 +276,14 @@ FIGURES = [
                                                                               "| 8 | 90 | nan |"]),
     ("training.md", "1.21x stable-baselines3 at equal work", "peers_pong/results.md",
      ["steps/s after the warm-up: median **1.21x** over 1 repeat(s)"]),
+    ("training.md", "114-124 steps/s at `--nprocs 2`, 1.16x stable-baselines3 at the same work",
+     "peers_pong_atari_work/results.md",
+     ["| 1 | 0 | train.py --nprocs 2 | 114 |", "| 2 | 0 | train.py --nprocs 2 | 124 |",
+      "steps/s after the warm-up: median **1.16x** over 2 repeat(s)"]),
+    ("training.md", "the game score was -19.9, against -20.6 for stable-baselines3 at the same frames",
+     "pong_curve/results.md", ["train.py --nprocs 2: final mean return -19.91 over 1 run(s)",
+                               "torch 1 thread(s): final mean return -20.64 over 1 run(s)",
+                               "307200 steps per run on ALE/Pong-v5, seed 0"]),
 ]
 # Cited for something other than a figure: a picture.
 CITED_WITHOUT_FIGURES = {"benchmarks/results/walker2d_play/walker2d_ppo_s5.png"}
