@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from algos.adam import FusedAdam
-from algos.learner_batch import batch_specs, prepare_batch, weight_for_policy_lag
+from algos.learner_batch import UNROLLED_STEPS, batch_specs, prepare_batch, weight_for_policy_lag
 from algos.policy import ActorCritic
 from algos.registry import ALGORITHMS
 from mpi_util.stall import heartbeat
@@ -56,10 +56,10 @@ class PPO:
         obs_spec, act_spec = batch_specs(ac)
         params_spec = tf.TensorSpec([None, None], tf.float32)
         self._old_policy = tf.function(self._old_policy_fn, input_signature=[obs_spec, act_spec])
-        # A whole epoch per call, its minibatch steps unrolled: on 64x64 networks the time goes to the number of ops
+        # Up to UNROLLED_STEPS minibatch steps per call, unrolled: on 64x64 networks the time goes to the number of ops
         # run, not to arithmetic, and a graph loop adds its own per step (see benchmarks/update.py). Traced once per
-        # batch size.
-        self._train_epoch = tf.function(self._train_epoch_fn)
+        # length of the rows a call takes (a whole epoch's, or UNROLLED_STEPS minibatches' and the rest's).
+        self._train_steps = tf.function(self._train_steps_fn)
         self._batch_kl = tf.function(self._batch_kl_fn, input_signature=[params_spec, obs_spec])
 
     def set_learning_rate(self, lr: float) -> None:
@@ -83,13 +83,18 @@ class PPO:
         old_params, old_logp = self._old_policy(batch.obs, batch.act)
         batch, lag_stats = weight_for_policy_lag(batch, old_logp, behavior_logp)
         n = int(batch.obs.shape[0])
+        rows_per_call = UNROLLED_STEPS * self.cfg.minibatch_size
+        minibatches = (n + self.cfg.minibatch_size - 1) // self.cfg.minibatch_size
         sums = np.zeros(4)
         epochs = 0
         for _ in range(self.cfg.epochs):
-            heartbeat()  # the workers waiting for the weights see rank 0 advance
             perm = tf.constant(self.rng.permutation(n))
-            epoch_stats = self._train_epoch(batch.obs, batch.act, batch.adv, batch.v_target, old_logp, perm)
-            pi_loss, v_loss, entropy, approx_kl, clip_frac = epoch_stats.numpy()
+            epoch_sums = tf.zeros(5)
+            for start in range(0, n, rows_per_call):
+                heartbeat()  # the workers waiting for the weights see rank 0 advance
+                epoch_sums = self._train_steps(batch.obs, batch.act, batch.adv, batch.v_target, old_logp,
+                                               perm[start : start + rows_per_call], epoch_sums)
+            pi_loss, v_loss, entropy, approx_kl, clip_frac = (epoch_sums / float(minibatches)).numpy()
             sums += [pi_loss, v_loss, entropy, clip_frac]
             epochs += 1
             if self.cfg.target_kl is not None and approx_kl > 1.5 * self.cfg.target_kl:
@@ -132,24 +137,23 @@ class PPO:
         """Distribution parameters (N, P) and log-probs (N,) of the pre-update policy."""
         return self.ac.dist_params(obs), self.ac.log_prob(obs, act)
 
-    def _train_epoch_fn(
+    def _train_steps_fn(
         self,
         obs: tf.Tensor,
         act: tf.Tensor,
         adv: tf.Tensor,
         v_target: tf.Tensor,
         old_logp: tf.Tensor,
-        perm: tf.Tensor,
+        rows: tf.Tensor,
+        sums: tf.Tensor,
     ) -> tf.Tensor:
-        """One epoch: an Adam step on each run of minibatch_size rows of the permutation perm (N,); returns
-        the means over its minibatches of [pi_loss, v_loss, entropy, approx_kl, clip_frac] (5,)."""
+        """An Adam step on each run of minibatch_size rows of ``rows`` (M,), a slice of an epoch's permutation;
+        returns ``sums`` (5,) plus each step's [pi_loss, v_loss, entropy, approx_kl, clip_frac], added in order."""
         mb = self.cfg.minibatch_size
-        n = int(perm.shape[0])
-        sums = tf.zeros(5)
-        for start in range(0, n, mb):
-            heartbeat()  # runs while the epoch is traced (seconds, on the first call), not when the graph runs
-            sums += self._minibatch_step(obs, act, adv, v_target, old_logp, perm[start : start + mb])
-        return sums / float((n + mb - 1) // mb)
+        for start in range(0, int(rows.shape[0]), mb):
+            heartbeat()  # runs while the steps are traced (seconds, on the first call), not when the graph runs
+            sums += self._minibatch_step(obs, act, adv, v_target, old_logp, rows[start : start + mb])
+        return sums
 
     def _minibatch_step(
         self,

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from algos.adam import FusedAdam
-from algos.learner_batch import LearnerBatch, batch_specs, prepare_batch, weight_for_policy_lag
+from algos.learner_batch import UNROLLED_STEPS, LearnerBatch, batch_specs, prepare_batch, weight_for_policy_lag
 from algos.policy import ActorCritic
 from algos.registry import ALGORITHMS
 from mpi_util.stall import heartbeat
@@ -68,8 +68,8 @@ class TRPO:
         self._policy_stats = tf.function(
             self._policy_stats_fn, input_signature=[obs_spec, act_spec, row_spec, row_spec, params_spec]
         )
-        # A whole epoch per call, its minibatch steps unrolled (see PPO).
-        self._vf_epoch = tf.function(self._vf_epoch_fn)
+        # Up to UNROLLED_STEPS minibatch steps per call, unrolled (see PPO).
+        self._vf_steps = tf.function(self._vf_steps_fn)
 
     def update(
         self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray,
@@ -164,10 +164,16 @@ class TRPO:
     def _fit_value(self, batch: LearnerBatch) -> float:
         """vf_epochs of Adam minibatch steps on the value loss; returns the mean minibatch loss."""
         n = int(batch.obs.shape[0])
+        rows_per_call = UNROLLED_STEPS * self.cfg.vf_minibatch_size
+        minibatches = (n + self.cfg.vf_minibatch_size - 1) // self.cfg.vf_minibatch_size
         losses = []
         for _ in range(self.cfg.vf_epochs):
-            heartbeat()
-            losses.append(float(self._vf_epoch(batch.obs, batch.v_target, tf.constant(self.rng.permutation(n)))))
+            perm = tf.constant(self.rng.permutation(n))
+            total = tf.constant(0.0)
+            for start in range(0, n, rows_per_call):
+                heartbeat()
+                total = self._vf_steps(batch.obs, batch.v_target, perm[start : start + rows_per_call], total)
+            losses.append(float(total / float(minibatches)))
         # Every epoch has the same number of minibatches: the mean of epoch means is the mean over steps.
         return float(np.mean(losses))
 
@@ -208,16 +214,14 @@ class TRPO:
             tf.reduce_mean(self.ac.entropy(obs)),
         )
 
-    def _vf_epoch_fn(self, obs: tf.Tensor, v_target: tf.Tensor, perm: tf.Tensor) -> tf.Tensor:
-        """One epoch of value steps on each run of vf_minibatch_size rows of the permutation perm (N,);
-        returns the mean minibatch loss."""
+    def _vf_steps_fn(self, obs: tf.Tensor, v_target: tf.Tensor, rows: tf.Tensor, total: tf.Tensor) -> tf.Tensor:
+        """A value step on each run of vf_minibatch_size rows of ``rows`` (M,), a slice of an epoch's permutation;
+        returns ``total`` (a scalar) plus each step's loss, added in order."""
         mb = self.cfg.vf_minibatch_size
-        n = int(perm.shape[0])
-        total = tf.constant(0.0)
-        for start in range(0, n, mb):
-            heartbeat()  # runs while the epoch is traced (seconds, on the first call), not when the graph runs
-            total += self._vf_step(obs, v_target, perm[start : start + mb])
-        return total / float((n + mb - 1) // mb)
+        for start in range(0, int(rows.shape[0]), mb):
+            heartbeat()  # runs while the steps are traced (seconds, on the first call), not when the graph runs
+            total += self._vf_step(obs, v_target, rows[start : start + mb])
+        return total
 
     def _vf_step(self, obs: tf.Tensor, v_target: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
         """One Adam step on the value loss of the rows idx (M,); returns the loss before the step."""

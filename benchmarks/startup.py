@@ -65,9 +65,9 @@ def rank_and_peak_mb(pid: int) -> tuple[int, float] | None:
 
 
 def run_once(name: str, tree: Path, env_id: str, nprocs: int, total_steps: int, workdir: Path,
-             timeout_s: float) -> dict[str, Any]:
+             timeout_s: float, train_args: str) -> dict[str, Any]:
     command = [sys.executable, "-u", str(tree / "train.py"), env_id, "--nprocs", str(nprocs),
-               "--total_steps", str(total_steps), "--logdir", str(workdir / "runs")]
+               "--total_steps", str(total_steps), "--logdir", str(workdir / "runs"), *shlex.split(train_args)]
     load_before = load_average()
     peaks: dict[int, float] = {}
     started = time.monotonic()
@@ -122,6 +122,7 @@ def run_once(name: str, tree: Path, env_id: str, nprocs: int, total_steps: int, 
 def parse_args() -> argparse.Namespace:
     parser = options(__doc__, "startup", env="Walker2d-v5", nprocs=8, total_steps=20480, repeats=3, timeout=600.0)
     parser.add_argument("variants", nargs="+", help="NAME=TREE, the first is the baseline")
+    parser.add_argument("--train_args", default="", help="extra train.py arguments, one shell-quoted string")
     return parser.parse_args()
 
 
@@ -140,7 +141,7 @@ def main() -> int:
             order = variants if repeat % 2 == 0 else variants[::-1]
             for name, tree in order:
                 run = run_once(name, tree, args.env, args.nprocs, args.total_steps,
-                               Path(scratch) / f"r{repeat}_{name}", args.timeout)
+                               Path(scratch) / f"r{repeat}_{name}", args.timeout, args.train_args)
                 run["repeat"] = repeat
                 runs.append(run)
                 print(f"repeat {repeat} {name}: first iteration {run['first_iteration_s']:.1f} s, rank 0 "

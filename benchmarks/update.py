@@ -46,15 +46,13 @@ def turn_off(lever: str) -> None:
 
         algos.ppo.FusedAdam = KerasAdam
     elif lever == "graph_loop":
-        def epoch(self: Any, obs: Any, act: Any, adv: Any, v_target: Any, old_logp: Any, perm: Any) -> Any:
+        def steps(self: Any, obs: Any, act: Any, adv: Any, v_target: Any, old_logp: Any, rows: Any, sums: Any) -> Any:
             mb = self.cfg.minibatch_size
-            n = tf.shape(perm)[0]
-            sums = tf.zeros(5)
-            for start in tf.range(0, n, mb):
-                sums += self._minibatch_step(obs, act, adv, v_target, old_logp, perm[start : start + mb])
-            return sums / tf.cast((n + mb - 1) // mb, tf.float32)
+            for start in tf.range(0, tf.shape(rows)[0], mb):
+                sums += self._minibatch_step(obs, act, adv, v_target, old_logp, rows[start : start + mb])
+            return sums
 
-        algos.ppo.PPO._train_epoch_fn = epoch
+        algos.ppo.PPO._train_steps_fn = steps
 
 
 def walker2d_ppo() -> tuple[Any, tuple]:
