@@ -33,9 +33,9 @@ OPENMPI_PYTHON=${OPENMPI_PYTHON:-$REPO/.venv-openmpi/bin/python}
 STEPS=2048          # environment steps per train.py run
 BATCH=512           # steps per iteration: STEPS / BATCH rows in progress.csv
 STEP_LIMIT=300      # seconds any one job may take before it counts as failed
-REQUEUE_BATCH=8192  # the requeue step: steps per iteration, and a budget of 112 iterations (917,504 steps), more
-REQUEUE_STEPS=$((112 * REQUEUE_BATCH))  # than 4 ranks of CartPole learn here in the 35 s one run trains: the fastest
-# iterations seen ran 26,900 steps/s, and the first run starts with TensorFlow's warm-up (it stopped after 15)
+REQUEUE_BATCH=8192  # the requeue step: steps per iteration, and a budget of 144 iterations (1,179,648 steps), more
+REQUEUE_STEPS=$((144 * REQUEUE_BATCH))  # than 4 ranks of CartPole learn here in the 35 s one run trains: the fastest
+# iterations seen ran 26,900 steps/s (941,500 in 35 s, with no time for start-up and the first update's tracing)
 REQUEUE_LIMIT=480   # seconds for the requeue step's job, all its runs and the waits between them
 ALL_CHECKS="n2 n8 example sbatch requeue openmpi"
 CHECKS=" ${CHECKS:-$ALL_CHECKS} "  # the steps to run, by name
