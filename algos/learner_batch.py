@@ -58,6 +58,14 @@ a quarter of a second per step, once per process: 128 steps (--batch_size 8192 o
 update, against a few ms of calls for an epoch of 4."""
 
 
+def unrolled_calls(perm: tf.Tensor, minibatch_size: int) -> tuple[list[tf.Tensor], int]:
+    """An epoch's permutation perm (N,) cut into the rows of each traced call (at most UNROLLED_STEPS minibatches
+    each), and the epoch's number of minibatches (the last may be short)."""
+    n = int(perm.shape[0])
+    rows_per_call = UNROLLED_STEPS * minibatch_size
+    return [perm[start : start + rows_per_call] for start in range(0, n, rows_per_call)], -(-n // minibatch_size)
+
+
 def batch_specs(ac: ActorCritic) -> tuple[tf.TensorSpec, tf.TensorSpec]:
     """TensorSpecs (obs, act) with a free batch size, so each tf.function is traced once for any N."""
     obs_spec = tf.TensorSpec([None, *ac.obs.shape], tf.uint8 if ac.obs.is_image else tf.float32)

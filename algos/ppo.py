@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from algos.adam import FusedAdam
-from algos.learner_batch import UNROLLED_STEPS, batch_specs, prepare_batch, weight_for_policy_lag
+from algos.learner_batch import batch_specs, prepare_batch, unrolled_calls, weight_for_policy_lag
 from algos.policy import ActorCritic
 from algos.registry import ALGORITHMS
 from mpi_util.stall import heartbeat
@@ -58,7 +58,8 @@ class PPO:
         self._old_policy = tf.function(self._old_policy_fn, input_signature=[obs_spec, act_spec])
         # Up to UNROLLED_STEPS minibatch steps per call, unrolled: on 64x64 networks the time goes to the number of ops
         # run, not to arithmetic, and a graph loop adds its own per step (see benchmarks/update.py). Traced once per
-        # length of the rows a call takes (a whole epoch's, or UNROLLED_STEPS minibatches' and the rest's).
+        # length of the rows a call takes (a whole epoch's, or UNROLLED_STEPS minibatches' and the rest's; see
+        # learner_batch.unrolled_calls).
         self._train_steps = tf.function(self._train_steps_fn)
         self._batch_kl = tf.function(self._batch_kl_fn, input_signature=[params_spec, obs_spec])
 
@@ -83,17 +84,15 @@ class PPO:
         old_params, old_logp = self._old_policy(batch.obs, batch.act)
         batch, lag_stats = weight_for_policy_lag(batch, old_logp, behavior_logp)
         n = int(batch.obs.shape[0])
-        rows_per_call = UNROLLED_STEPS * self.cfg.minibatch_size
-        minibatches = (n + self.cfg.minibatch_size - 1) // self.cfg.minibatch_size
         sums = np.zeros(4)
         epochs = 0
         for _ in range(self.cfg.epochs):
-            perm = tf.constant(self.rng.permutation(n))
+            calls, minibatches = unrolled_calls(tf.constant(self.rng.permutation(n)), self.cfg.minibatch_size)
             epoch_sums = tf.zeros(5)
-            for start in range(0, n, rows_per_call):
+            for rows in calls:
                 heartbeat()  # the workers waiting for the weights see rank 0 advance
-                epoch_sums = self._train_steps(batch.obs, batch.act, batch.adv, batch.v_target, old_logp,
-                                               perm[start : start + rows_per_call], epoch_sums)
+                epoch_sums = self._train_steps(batch.obs, batch.act, batch.adv, batch.v_target, old_logp, rows,
+                                               epoch_sums)
             pi_loss, v_loss, entropy, approx_kl, clip_frac = (epoch_sums / float(minibatches)).numpy()
             sums += [pi_loss, v_loss, entropy, clip_frac]
             epochs += 1

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from algos.adam import FusedAdam
-from algos.learner_batch import UNROLLED_STEPS, LearnerBatch, batch_specs, prepare_batch, weight_for_policy_lag
+from algos.learner_batch import LearnerBatch, batch_specs, prepare_batch, unrolled_calls, weight_for_policy_lag
 from algos.policy import ActorCritic
 from algos.registry import ALGORITHMS
 from mpi_util.stall import heartbeat
@@ -164,15 +164,13 @@ class TRPO:
     def _fit_value(self, batch: LearnerBatch) -> float:
         """vf_epochs of Adam minibatch steps on the value loss; returns the mean minibatch loss."""
         n = int(batch.obs.shape[0])
-        rows_per_call = UNROLLED_STEPS * self.cfg.vf_minibatch_size
-        minibatches = (n + self.cfg.vf_minibatch_size - 1) // self.cfg.vf_minibatch_size
         losses = []
         for _ in range(self.cfg.vf_epochs):
-            perm = tf.constant(self.rng.permutation(n))
+            calls, minibatches = unrolled_calls(tf.constant(self.rng.permutation(n)), self.cfg.vf_minibatch_size)
             total = tf.constant(0.0)
-            for start in range(0, n, rows_per_call):
+            for rows in calls:
                 heartbeat()
-                total = self._vf_steps(batch.obs, batch.v_target, perm[start : start + rows_per_call], total)
+                total = self._vf_steps(batch.obs, batch.v_target, rows, total)
             losses.append(float(total / float(minibatches)))
         # Every epoch has the same number of minibatches: the mean of epoch means is the mean over steps.
         return float(np.mean(losses))

@@ -133,16 +133,15 @@ def test_an_epoch_split_over_several_calls_updates_the_weights_exactly_as_one_ca
     # At most UNROLLED_STEPS minibatch steps are unrolled in one traced call (tracing costs seconds per step); an
     # epoch of more runs as several calls. 250 rows of 64: 4 minibatches, one call at the default cap, calls of 3 and 1
     # (the 58-row remainder) at a cap of 3. The weights must not tell them apart.
-    import algos.ppo
-    import algos.trpo
+    import algos.learner_batch
     from algos import TRPO, TRPOConfig
 
     rng = np.random.default_rng(4)
     batch = {"obs": rng.normal(size=(250, 4)).astype(np.float32), "act": rng.integers(0, 2, size=250),
              "adv": rng.normal(size=250), "ret": rng.normal(size=250)}
     results = []
-    for cap in (algos.ppo.UNROLLED_STEPS, 3):
-        monkeypatch.setattr(algos.ppo if algo == "ppo" else algos.trpo, "UNROLLED_STEPS", cap)
+    for cap in (algos.learner_batch.UNROLLED_STEPS, 3):
+        monkeypatch.setattr(algos.learner_batch, "UNROLLED_STEPS", cap)
         keras.utils.set_random_seed(0)
         ac = ActorCritic(4, gymnasium.make("CartPole-v1").action_space, hidden=(64, 64))
         learner = (PPO(ac, PPOConfig(epochs=3, target_kl=None), seed=5) if algo == "ppo"
