@@ -9,9 +9,6 @@ the rollout's (RolloutWorker's ``atari``), so that the returns it reports, and -
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import gymnasium
@@ -21,20 +18,6 @@ import numpy as np
 def is_atari(env_id: str) -> bool:
     """Whether ``env_id`` is an ALE game (``ALE/NAME-vN``)."""
     return env_id.rpartition(":")[2].startswith("ALE/")
-
-
-@contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """The process's stderr sent to /dev/null for a while: ALE's C++ core prints its banner there on every game it
-    loads, which is not this tool's line to print."""
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 class ChannelsLast(gymnasium.ObservationWrapper):
@@ -61,8 +44,9 @@ def make_atari(env_id: str, **kwargs: Any) -> gymnasium.Env:
         raise ValueError(f"{env_id} needs ale-py and opencv ({error}): pip install -e '.[pixels]' in this "
                          "checkout") from None
     gymnasium.register_envs(ale_py)
-    with _quiet_stderr():
-        env = gymnasium.make(env_id.rpartition(":")[2], frameskip=1, **kwargs)
+    # ALE's C++ core prints its banner on every game it loads, which is not this tool's line to print
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+    env = gymnasium.make(env_id.rpartition(":")[2], frameskip=1, **kwargs)
     env = gymnasium.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True,
                                                 terminal_on_life_loss=False, scale_obs=False)
     return ChannelsLast(gymnasium.wrappers.FrameStackObservation(env, 4))

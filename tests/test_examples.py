@@ -86,7 +86,7 @@ def test_sb3_cnn_policy_on_atari_frame_stacks_runs_on_two_ranks_with_identical_w
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"^256 steps, mean score of the last \d+ games", result.stdout, re.M), result.stdout
     assert "ranks whose weights differ from rank 0's: []" in result.stdout
-    # ale-py's own banner (the plain script prints it too), and nothing else
-    others = [line for line in result.stderr.splitlines()
-              if not line.startswith(("A.L.E: Arcade Learning Environment", "[Powered by Stella]"))]
-    assert others == [], result.stderr[-3000:]
+    # ale-py's own banner (the plain script prints it too), and nothing else; the two ranks' banners may interleave
+    others = re.sub(r"A\.L\.E: Arcade Learning Environment \(version [^)]*\)|\[Powered by Stella\]", "",
+                    result.stderr)
+    assert others.strip() == "", result.stderr[-3000:]
