@@ -209,8 +209,8 @@ class JobWatch:
         self.host = socket.gethostname()
         self.directory = Path(tempfile.mkdtemp(prefix="mpi_util_job_"))
         self._shared_before = self._shared_memory_names()
-        self.ended_first: list[int] = []
-        """The rank(s) on this host seen to end first (several when they ended at once)."""
+        self.ended_first: int | None = None
+        """The rank on this host seen to end first."""
         self._wake_read, self._wake_write = os.pipe()
         self._thread: threading.Thread | None = None
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -254,36 +254,40 @@ class JobWatch:
         """Until told to stop: accept each local rank's connection (its rank number comes first) and note the
         first to close. A rank's sockets close as it dies, before the launcher can learn of it (the launcher learns
         from its pipes and sockets closing) and kill the others, so the first to close is the rank that ended first.
-        """
-        connections: dict[socket.socket, int | None] = {}
+        epoll, not select: it hands back ready connections in the order they became ready, so the first is known
+        even when this thread wakes only after the launcher has killed the others (a loaded machine)."""
+        connections: dict[int, tuple[socket.socket, int | None]] = {}  # by file descriptor
+        poller = select.epoll()
         try:
+            poller.register(self._wake_read, select.EPOLLIN)
+            poller.register(listener.fileno(), select.EPOLLIN)
             while True:
-                readable, _, _ = select.select([self._wake_read, listener, *connections], [], [])
-                if self._wake_read in readable:
-                    return
-                if listener in readable:
-                    connection, _ = listener.accept()
-                    connections[connection] = None
-                ended = []
-                for connection in readable:
-                    if connection in connections:
-                        data = connection.recv(64)
-                        if data:
-                            connections[connection] = int(data.split(b"\n")[0])
-                            continue
-                        rank = connections.pop(connection)
-                        connection.close()
-                        if rank is not None:
-                            ended.append(rank)
-                if ended and not self.ended_first:
-                    self.ended_first = sorted(ended)
-                    # The others' connections stay open until the job has ended: a rank takes its connection
-                    # closing for this process's death.
+                for fd, _ in poller.poll():
+                    if fd == self._wake_read:
+                        return
+                    if fd == listener.fileno():
+                        connection, _ = listener.accept()
+                        connections[connection.fileno()] = (connection, None)
+                        poller.register(connection.fileno(), select.EPOLLIN)
+                        continue
+                    connection, rank = connections[fd]
+                    data = connection.recv(64)
+                    if data:
+                        connections[fd] = (connection, int(data.split(b"\n")[0]))
+                        continue
+                    poller.unregister(fd)
+                    del connections[fd]
+                    connection.close()
+                    if rank is not None and self.ended_first is None:
+                        self.ended_first = rank
+                        # The others' connections stay open until the job has ended: a rank takes its connection
+                        # closing for this process's death.
         except (OSError, ValueError):
             return
         finally:
+            poller.close()
             listener.close()
-            for connection in connections:
+            for connection, _ in connections.values():
                 connection.close()
 
     def stop(self) -> None:
@@ -297,14 +301,13 @@ class JobWatch:
         os.close(self._wake_write)
         self._wake_write = -1
 
-    def _where(self, ranks: list[int], records: dict[int, dict], joiner: str = "or") -> str:
-        # Several ranks when they ended at once (all of them, when the OOM killer takes a whole job): one of them
-        # ended first, so "or", and only a few named.
-        names = few(ranks, joiner)
+    def _where(self, ranks: list[int], records: dict[int, dict]) -> str:
+        """"rank 3 (on host node2, pid 4242)", for one rank or a few (each list cut short by text.few)."""
+        names = few(ranks)
         hosts = sorted({records[r]["host"] for r in ranks if r in records})
         pids = [records[r]["pid"] for r in ranks if r in records]
-        place = f"on host {few(hosts, joiner)}" if hosts else "host unknown"
-        return f"rank {names} ({place}, pid {few(pids, joiner)})" if pids else f"rank {names} ({place})"
+        place = f"on host {few(hosts)}" if hosts else "host unknown"
+        return f"rank {names} ({place}, pid {few(pids)})" if pids else f"rank {names} ({place})"
 
     def describe_failure(self, returncode: int) -> str:
         """One line on how the job ended with ``returncode`` != 0, naming the rank that ended it and its host where
@@ -315,7 +318,7 @@ class JobWatch:
             by = aborted[0][1]
             late = [int(r) for r in notes[by].get("late_ranks", [])]
             if late:  # the rank that ended the job did so because these stopped making progress: they come first
-                return (f"{self._where(late, records, 'and')} stopped making progress, and {name_ranks([by])} "
+                return (f"{self._where(late, records)} stopped making progress, and {name_ranks([by])} "
                         f"ended the job (exit status {returncode})")
             return f"{self._where([by], records)} aborted the job (exit status {returncode})"
         first = self.ended_first
@@ -329,15 +332,15 @@ class JobWatch:
                   "names the process id that ended first)" if elsewhere else
                   f"; {name_ranks(unrecorded)} did not say where {they} ran (another host without a shared filesystem, "
                   f"or {they} ended before calling mpi_fork)" if unrecorded else "")
-        if first:
+        if first is not None:
             signum = _signal_in_status(returncode)
-            if all(rank in notes for rank in first):
+            if first in notes:
                 how = f"exited first (exit status {returncode})"
             elif signum is not None:
                 how = f"was killed by signal {signum} ({_signal_name(signum)})"
             else:
                 how = f"ended abruptly, not through Python (mpiexec's exit status {returncode} names no signal)"
-            return f"{self._where(first, records)} {how}{caveat}"
+            return f"{self._where([first], records)} {how}{caveat}"
         return f"the job ended with exit status {returncode}{caveat}"
 
     def remove_shared_memory(self) -> list[str]:

@@ -6,10 +6,15 @@ from __future__ import annotations
 import ast
 import os
 import re
+import select
+import signal
+import socket
+import subprocess
 import sys
+import time
 
 import pytest
-from conftest import SCRIPTS, mpiexec, run_bounded
+from conftest import REPO, SCRIPTS, mpiexec, run_bounded
 
 import mpi_util
 from mpi_util.launch import mpi_library_is_open_mpi
@@ -80,6 +85,45 @@ def test_failing_rank_aborts_job_with_nonzero_status(nprocs):
     assert "uncaught exception on rank 1" in result.stderr
     assert "RuntimeError: injected failure on rank 1" in result.stderr
     assert f"parent: job exited with {result.returncode}" in result.stdout
+
+
+def test_the_rank_that_died_first_is_named_even_when_the_launching_process_learns_of_it_late():
+    # The launching process tells which rank ended first by the order in which the ranks' connections to it closed.
+    # Stopped (SIGSTOP) while rank 1 is killed and mpiexec kills ranks 0 and 2 in turn, as a loaded machine may leave
+    # it unscheduled, it finds all three closed when it runs again; the order must still name rank 1.
+    job = subprocess.Popen([sys.executable, str(SCRIPTS / "fork_hold.py"), "3"], cwd=REPO,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    pidfds = []
+    try:
+        pids = {}
+        for line in job.stdout:
+            if match := re.match(r"rank (\d+) pid (\d+)$", line.strip()):
+                pids[int(match[1])] = int(match[2])
+            if len(pids) == 3:
+                break
+        assert len(pids) == 3, f"the ranks did not all start: {pids}"
+        others = [os.pidfd_open(pids[rank]) for rank in (0, 2)]
+        pidfds.extend(others)
+        os.kill(job.pid, signal.SIGSTOP)
+        os.kill(pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while others and time.monotonic() < deadline:  # a pidfd reads ready once its process has ended
+            ended, _, _ = select.select(others, [], [], deadline - time.monotonic())
+            others = [fd for fd in others if fd not in ended]
+        assert not others, "mpiexec did not end ranks 0 and 2 within 60 s of rank 1's death"
+        os.kill(job.pid, signal.SIGCONT)
+        stdout, stderr = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:  # the test failed before the job ended
+            os.killpg(job.pid, signal.SIGKILL)
+            os.killpg(job.pid, signal.SIGCONT)
+            job.communicate()
+        for fd in pidfds:
+            os.close(fd)
+    assert (f"mpi_util: rank 1 (on host {socket.gethostname()}, pid {pids[1]}) was killed by signal 9 (SIGKILL)"
+            in stderr), stderr[-3000:]
+    assert f"parent: job exited with {job.returncode}" in stdout
 
 
 def test_find_mpiexec_belongs_to_loaded_library():
