@@ -12,7 +12,8 @@ as it fails, and fails no more while it exists. FAULT_KIND=kill with FAULT_REPOR
 /dev/shm files it has mapped (named or not) to FAULT_REPORT_DIR/killed_RANK.json first.
 FAULT_KIND=reset makes the chosen rank's reset raise once it has taken FAULT_AT_STEP steps (an env that cannot
 start another episode).
-FAULT_KIND=slow makes the chosen rank's env take FAULT_SLOW_S longer per step from FAULT_AT_STEP on (a slow simulator).
+FAULT_KIND=slow makes the chosen rank's env take FAULT_SLOW_S longer per step from FAULT_AT_STEP on (a slow simulator);
+FAULT_RANK=all makes every rank's so, which bounds a job's steps/s on any machine.
 FAULT_KIND=report_modules makes every rank write, at its first step, which of tensorflow, keras and torch it has
 imported and its resident memory to FAULT_REPORT_DIR/modules_RANK.json. Without FAULT_KIND it is a plain Pendulum-v1.
 """
@@ -58,7 +59,8 @@ class FaultyPendulum(gymnasium.Wrapper):
             report.write_text(json.dumps({"modules": heavy, "resident_mb": resident_kb / 1024}))
         if kind == "huge" and self.steps >= int(os.environ["FAULT_AT_STEP"]):
             reward = 1e300  # finite, but no float32 network can fit it
-        if kind == "slow" and rank == int(os.environ["FAULT_RANK"]) and self.steps >= int(os.environ["FAULT_AT_STEP"]):
+        slow_rank = os.environ.get("FAULT_RANK") in ("all", str(rank))
+        if kind == "slow" and slow_rank and self.steps >= int(os.environ["FAULT_AT_STEP"]):
             time.sleep(float(os.environ["FAULT_SLOW_S"]))  # the simulator's work
         chosen = kind in ("raise", "kill", "hang", "nan") and rank == int(os.environ["FAULT_RANK"])
         if chosen and self.steps == int(os.environ["FAULT_AT_STEP"]):

@@ -17,7 +17,7 @@
 #   3. srun -n 2 examples/torch_pg_mpi.py      (example: bit-identical weights on every rank)
 #   4. sbatch examples/slurm_train.sbatch      (sbatch: the batch script the README shows), waited for with a deadline
 #   5. the same with --time=2 and a budget one run cannot finish (requeue: early signal, checkpoint, requeue, resume
-#      until the budget is spent; about 3 minutes)
+#      until the budget is spent, on an env slowed to a known rate; about 2 minutes)
 #   6. srun --mpi=pmix -n 2 train.py           (openmpi: Open MPI, when OPENMPI_PYTHON exists)
 #
 # Each step checks its exit status, that exactly one run directory was written with one row per iteration in
@@ -33,9 +33,14 @@ OPENMPI_PYTHON=${OPENMPI_PYTHON:-$REPO/.venv-openmpi/bin/python}
 STEPS=2048          # environment steps per train.py run
 BATCH=512           # steps per iteration: STEPS / BATCH rows in progress.csv
 STEP_LIMIT=300      # seconds any one job may take before it counts as failed
-REQUEUE_BATCH=8192  # the requeue step: steps per iteration, and a budget of 144 iterations (1,179,648 steps), more
-REQUEUE_STEPS=$((144 * REQUEUE_BATCH))  # than 4 ranks of CartPole learn here in the 35 s one run trains: the fastest
-# iterations seen ran 26,900 steps/s (941,500 in 35 s, with no time for start-up and the first update's tracing)
+# The requeue step's env: Pendulum whose every step takes 4 ms more on every rank (tests/faulty_env.py, a slow
+# simulator), so that 4 ranks take at least 4.1 s for an iteration of 4,096 steps on any machine: the first run, which
+# stops at most 45 s after its start (below) once its iteration is done, can finish no more than 11 iterations. The
+# budget, 14 iterations, is more than that wherever it runs, and costs this machine about 80 s of training in all,
+# its ranks mostly asleep (with CartPole the budget had to exceed what the fastest machine seen learns, 26,900
+# steps/s, and took this one 2 minutes of both cores).
+REQUEUE_BATCH=4096
+REQUEUE_STEPS=$((14 * REQUEUE_BATCH))
 REQUEUE_LIMIT=480   # seconds for the requeue step's job, all its runs and the waits between them
 ALL_CHECKS="n2 n8 example sbatch requeue openmpi"
 CHECKS=" ${CHECKS:-$ALL_CHECKS} "  # the steps to run, by name
@@ -347,21 +352,29 @@ if want sbatch; then
     fi
 fi
 
-# The same script through its time limit: --time=2, and the early signal asked for 75 s before the limit. Slurm sends
-# it at its first 30-s check less than 105 s before, 15 to 45 s after the start: the first run trains for at most
-# about 35 s, and has 75 s or more to finish its iteration and requeue (the first iteration, TensorFlow's warm-up,
-# took up to 50 s here on a loaded machine). The budget is more than that run can learn. It must stop with a
+# The same script through its time limit, on the slow env (the script's env id replaced, nothing else): --time=2,
+# and the early signal asked for 75 s before the limit. Slurm sends it at its first 30-s check less than 105 s
+# before, 15 to 45 s after the start: the first run trains for at most 45 s and the iteration it is in (about 6 s),
+# and has 75 s or more to finish that iteration and requeue (the first iteration, TensorFlow's warm-up, took up to
+# 50 s here on a loaded machine). The budget is more than that run can learn. It must stop with a
 # checkpoint and requeue the job, the second run resume from that checkpoint and spend the budget: every iteration in
 # progress.csv once, no process of the job left. Once requeued, the job's limit is raised to 10 minutes, so that it
 # takes one requeue, not as many as this machine's speed at the time makes it (a third run would do as the second).
 if want requeue; then
     name="sbatch --time=2 slurm_train.sbatch (requeue)" start=$SECONDS
-    logdir=$SCRATCH/runs/requeue out=$SCRATCH/out/requeue-%j.out
-    say "\$ sbatch --parsable -O --time=2 --signal=B:USR1@75 --output $out examples/slurm_train.sbatch" \
-        "--total_steps $REQUEUE_STEPS -b $REQUEUE_BATCH --logdir $logdir"
-    job=$(PATH=$(dirname "$PYTHON"):$PATH timeout 30 sbatch --parsable -O --time=2 --signal=B:USR1@75 \
-        --output "$out" examples/slurm_train.sbatch --total_steps "$REQUEUE_STEPS" -b "$REQUEUE_BATCH" \
-        --logdir "$logdir" 2>&1)
+    logdir=$SCRATCH/runs/requeue out=$SCRATCH/out/requeue-%j.out script=$SCRATCH/slurm_train_slow_env.sbatch
+    sed 's| CartPole-v1 | tests.faulty_env:FaultyPendulum-v0 |' examples/slurm_train.sbatch >"$script"
+    slow_env=(FAULT_KIND=slow FAULT_RANK=all FAULT_AT_STEP=1 FAULT_SLOW_S=0.004)
+    say "\$ ${slow_env[*]} sbatch --parsable -O --time=2 --signal=B:USR1@75 --output $out" \
+        "examples/slurm_train.sbatch (env tests.faulty_env:FaultyPendulum-v0) --total_steps $REQUEUE_STEPS" \
+        "-b $REQUEUE_BATCH --logdir $logdir"
+    if ! grep -q 'tests.faulty_env:FaultyPendulum-v0' "$script"; then
+        job="examples/slurm_train.sbatch no longer runs 'train.py CartPole-v1': update this step's sed"
+    else
+        job=$(env "${slow_env[@]}" PATH="$(dirname "$PYTHON"):$PATH" timeout 30 sbatch --parsable -O --time=2 \
+            --signal=B:USR1@75 --output "$out" "$script" --total_steps "$REQUEUE_STEPS" -b "$REQUEUE_BATCH" \
+            --logdir "$logdir" 2>&1)
+    fi
     if [[ ! "$job" =~ ^[0-9]+$ ]]; then
         record "$name" FAIL $((SECONDS - start)) "sbatch refused it: $job"
     else
