@@ -14,7 +14,7 @@ import atexit
 import json
 import os
 import resource
-import select
+import selectors
 import shutil
 import signal
 import socket
@@ -254,29 +254,29 @@ class JobWatch:
         """Until told to stop: accept each local rank's connection (its rank number comes first) and note the
         first to close. A rank's sockets close as it dies, before the launcher can learn of it (the launcher learns
         from its pipes and sockets closing) and kill the others, so the first to close is the rank that ended first.
-        epoll, not select: it hands back ready connections in the order they became ready, so the first is known
-        even when this thread wakes only after the launcher has killed the others (a loaded machine)."""
-        connections: dict[int, tuple[socket.socket, int | None]] = {}  # by file descriptor
-        poller = select.epoll()
+        On Linux the selector is epoll, which hands back ready connections in the order they became ready: the first
+        is known even when this thread wakes only after the launcher has killed the others (a loaded machine)."""
+        ranks: dict[socket.socket, int | None] = {}  # each rank's connection, and its rank once it has said it
+        selector = selectors.DefaultSelector()
         try:
-            poller.register(self._wake_read, select.EPOLLIN)
-            poller.register(listener.fileno(), select.EPOLLIN)
+            selector.register(self._wake_read, selectors.EVENT_READ)
+            selector.register(listener, selectors.EVENT_READ)
             while True:
-                for fd, _ in poller.poll():
-                    if fd == self._wake_read:
+                for key, _ in selector.select():
+                    if key.fileobj == self._wake_read:
                         return
-                    if fd == listener.fileno():
+                    if key.fileobj is listener:
                         connection, _ = listener.accept()
-                        connections[connection.fileno()] = (connection, None)
-                        poller.register(connection.fileno(), select.EPOLLIN)
+                        ranks[connection] = None
+                        selector.register(connection, selectors.EVENT_READ)
                         continue
-                    connection, rank = connections[fd]
+                    connection = key.fileobj
                     data = connection.recv(64)
                     if data:
-                        connections[fd] = (connection, int(data.split(b"\n")[0]))
+                        ranks[connection] = int(data.split(b"\n")[0])
                         continue
-                    poller.unregister(fd)
-                    del connections[fd]
+                    selector.unregister(connection)
+                    rank = ranks.pop(connection)
                     connection.close()
                     if rank is not None and self.ended_first is None:
                         self.ended_first = rank
@@ -285,9 +285,9 @@ class JobWatch:
         except (OSError, ValueError):
             return
         finally:
-            poller.close()
+            selector.close()
             listener.close()
-            for connection, _ in connections.values():
+            for connection in ranks:
                 connection.close()
 
     def stop(self) -> None:
