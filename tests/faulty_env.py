@@ -12,8 +12,8 @@ as it fails, and fails no more while it exists. FAULT_KIND=kill with FAULT_REPOR
 /dev/shm files it has mapped (named or not) to FAULT_REPORT_DIR/killed_RANK.json first.
 FAULT_KIND=reset makes the chosen rank's reset raise once it has taken FAULT_AT_STEP steps (an env that cannot
 start another episode).
-FAULT_KIND=slow makes the chosen rank's env take FAULT_SLOW_S longer per step from FAULT_AT_STEP on (a slow simulator);
-FAULT_RANK=all makes every rank's so, which bounds a job's steps/s on any machine.
+FAULT_KIND=slow makes the chosen rank's env take FAULT_SLOW_S longer per step from FAULT_AT_STEP on (a slow simulator).
+FAULT_RANK=all chooses every rank (with FAULT_KIND=slow it bounds a job's steps/s on any machine).
 FAULT_KIND=report_modules makes every rank write, at its first step, which of tensorflow, keras and torch it has
 imported and its resident memory to FAULT_REPORT_DIR/modules_RANK.json. Without FAULT_KIND it is a plain Pendulum-v1.
 """
@@ -38,6 +38,11 @@ def launched_rank() -> int | None:
     return next((int(os.environ[name]) for name in RANK_VARIABLES if name in os.environ), None)
 
 
+def is_chosen(rank: int) -> bool:
+    """Whether FAULT_RANK names ``rank`` or is "all"."""
+    return os.environ.get("FAULT_RANK") in ("all", str(rank))
+
+
 class FaultyPendulum(gymnasium.Wrapper):
     def __init__(self) -> None:
         super().__init__(gymnasium.make("Pendulum-v1"))
@@ -59,10 +64,9 @@ class FaultyPendulum(gymnasium.Wrapper):
             report.write_text(json.dumps({"modules": heavy, "resident_mb": resident_kb / 1024}))
         if kind == "huge" and self.steps >= int(os.environ["FAULT_AT_STEP"]):
             reward = 1e300  # finite, but no float32 network can fit it
-        slow_rank = os.environ.get("FAULT_RANK") in ("all", str(rank))
-        if kind == "slow" and slow_rank and self.steps >= int(os.environ["FAULT_AT_STEP"]):
+        if kind == "slow" and is_chosen(rank) and self.steps >= int(os.environ["FAULT_AT_STEP"]):
             time.sleep(float(os.environ["FAULT_SLOW_S"]))  # the simulator's work
-        chosen = kind in ("raise", "kill", "hang", "nan") and rank == int(os.environ["FAULT_RANK"])
+        chosen = kind in ("raise", "kill", "hang", "nan") and is_chosen(rank)
         if chosen and self.steps == int(os.environ["FAULT_AT_STEP"]):
             after = os.environ.get("FAULT_AFTER_FILE")
             waited_until = time.monotonic() + 60
@@ -90,8 +94,7 @@ class FaultyPendulum(gymnasium.Wrapper):
 
 
     def reset(self, **kwargs):
-        rank = launched_rank() or 0
-        if (os.environ.get("FAULT_KIND") == "reset" and rank == int(os.environ["FAULT_RANK"])
+        if (os.environ.get("FAULT_KIND") == "reset" and is_chosen(launched_rank() or 0)
                 and self.steps >= int(os.environ["FAULT_AT_STEP"])):
             raise RuntimeError(f"injected failure of reset after step {self.steps}")
         return self.env.reset(**kwargs)
