@@ -20,6 +20,10 @@ sys.modules.setdefault("jax", None)  # type: ignore[arg-type]
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
+# train.py's rank 0 traces every minibatch step of an update epoch once per process, about 0.15 s a step on these
+# machines: at the default 2,048 rows in 64-row minibatches that is 32 steps, 3-5 s of each start and resume. Tests of
+# anything but learning pass this: 512-row minibatches, 1-4 traced steps.
+FEW_MINIBATCHES = ("--minibatch_size", "512")
 
 
 def run_bounded(command: list[str], timeout: float, env: dict[str, str] | None = None,

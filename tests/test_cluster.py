@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, launcher, run_bounded
+from conftest import FEW_MINIBATCHES, REPO, launcher, run_bounded
 from test_train import TRAIN, progress, train
 
 from trainer.checkpoint import load_checkpoint
@@ -31,7 +31,7 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
 
 def test_resume_without_nprocs_keeps_the_run_s_process_count(tmp_path):
     part, _ = train("CartPole-v1", "--nprocs", "3", "--batch_size", "1536", "--total_steps", "3072",
-                    "--logdir", str(tmp_path))
+                    *FEW_MINIBATCHES, "--logdir", str(tmp_path))
     resumed, out = train("--resume", str(part), "--total_steps", "4608")
     assert "PPO on CartPole-v1: 3 processes" in out, out
     assert "fresh episodes" not in out  # the same count continues every rank's episodes
@@ -60,7 +60,7 @@ def test_resume_of_what_is_not_a_resumable_run_is_one_line(tmp_path):
     assert f"cannot read {not_a_run / 'config.json'}: Expecting property name" in \
         one_error_line(run_bounded([sys.executable, TRAIN, "--resume", str(not_a_run)], 60))
 
-    run_dir, _ = train("CartPole-v1", "--total_steps", "2048", "--checkpoint_every", "1", "--logdir",
+    run_dir, _ = train("CartPole-v1", "--total_steps", "2048", "--checkpoint_every", "1", *FEW_MINIBATCHES, "--logdir",
                        str(tmp_path / "runs"))
     checkpoint = run_dir / "checkpoints" / "ckpt_00000001.pkl"
     checkpoint.write_bytes(checkpoint.read_bytes()[:500])  # every checkpoint corrupt
@@ -162,7 +162,7 @@ def test_repeated_stop_signals_while_rank_0_writes_never_break_its_output(tmp_pa
 
 def run_config(tmp_path: Path, prefix: list[str]) -> dict:
     result = run_bounded([*prefix, sys.executable, TRAIN, "CartPole-v1", "--nprocs", "2", "--total_steps", "1024",
-                          "--batch_size", "1024", "--logdir", str(tmp_path)], 150)
+                          "--batch_size", "1024", *FEW_MINIBATCHES, "--logdir", str(tmp_path)], 150)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((next(tmp_path.iterdir()) / "config.json").read_text())
 

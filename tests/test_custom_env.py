@@ -7,7 +7,7 @@ import csv
 import json
 import sys
 
-from conftest import REPO, run_bounded
+from conftest import FEW_MINIBATCHES, REPO, run_bounded
 
 TRAIN = str(REPO / "train.py")
 # What docs/training.md tells a user to run, with tests/corridor_env.py as the env's module.
@@ -20,7 +20,7 @@ def test_train_py_trains_and_plays_an_env_registered_by_importing_its_module(tmp
     # ranks mpi_fork starts inherit the variable and the working directory.
     env = {"PYTHONPATH": "tests"}
     result = run_bounded([sys.executable, TRAIN, "corridor_env:Corridor-v0", "--nprocs", "2", "--total_steps", "1024",
-                          "--batch_size", "512", "--logdir", str(tmp_path)], timeout=180, env=env)
+                          "--batch_size", "512", *FEW_MINIBATCHES, "--logdir", str(tmp_path)], timeout=180, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()
     assert json.loads((run_dir / "config.json").read_text())["env_id"] == "corridor_env:Corridor-v0"

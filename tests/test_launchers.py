@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SCRIPTS, launcher, run_bounded
+from conftest import FEW_MINIBATCHES, REPO, SCRIPTS, launcher, run_bounded
 
 from mpi_util.launch import mpi_library_is_open_mpi
 
@@ -33,7 +33,7 @@ def test_train_started_by_mpirun_writes_one_run_directory_no_bar_and_what_nprocs
     # mpirun is the name both MPICH and Open MPI install beside mpiexec. Output to a file: under Open MPI a rank's
     # stdout is a pseudo-terminal all the same, and the progress bar must not be drawn into the file.
     command, env = launcher("-np", "2", sys.executable, "-u", TRAIN, "CartPole-v1", "--total_steps", "2048",
-                            "--batch_size", "1024", "--logdir", str(tmp_path / "runs"))
+                            "--batch_size", "1024", *FEW_MINIBATCHES, "--logdir", str(tmp_path / "runs"))
     command[0] = str(Path(command[0]).with_name("mpirun"))
     with open(tmp_path / "out.txt", "w") as out:
         proc = subprocess.run(command, stdout=out, stderr=subprocess.PIPE, text=True, timeout=240,
@@ -49,7 +49,7 @@ def test_train_started_by_mpirun_writes_one_run_directory_no_bar_and_what_nprocs
     # train.py --nprocs 2 starts the ranks itself (mpi_fork): the same numbers, to the last digit. Both fix BLAS's
     # threads and kernels before numpy loads (trainer/kernels.py); set after, they once moved the 8th digit.
     forked = run_bounded([sys.executable, TRAIN, "CartPole-v1", "--nprocs", "2", "--total_steps", "2048",
-                          "--batch_size", "1024", "--logdir", str(tmp_path / "forked")], timeout=240)
+                          "--batch_size", "1024", *FEW_MINIBATCHES, "--logdir", str(tmp_path / "forked")], timeout=240)
     assert forked.returncode == 0, forked.stderr[-3000:]
     with open(only_run_dir(tmp_path / "forked") / "progress.csv") as f:
         started_by_fork = list(csv.DictReader(f))
@@ -66,7 +66,7 @@ def test_train_nprocs_with_hostfile_and_mpiexec_args(tmp_path):
     tag_flag = "--tag-output" if OPEN_MPI else "-prepend-rank"
     result = run_bounded([sys.executable, TRAIN, "CartPole-v1", "--nprocs", "2", "--hostfile", str(hostfile),
                           f"--mpiexec_args={tag_flag}", "--total_steps", "1024", "--batch_size", "1024",
-                          "--logdir", str(tmp_path / "runs")], timeout=240)
+                          *FEW_MINIBATCHES, "--logdir", str(tmp_path / "runs")], timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"^\[1?,?0\].*PPO on CartPole-v1: 2 processes", result.stdout, re.MULTILINE), result.stdout
     only_run_dir(tmp_path / "runs")
@@ -124,7 +124,8 @@ def test_train_nprocs_at_a_terminal_draws_the_progress_bar(tmp_path):
     # The ranks' stdout is a pipe to mpiexec: rank 0 finds the user's terminal on the stdout of the mpiexec that
     # train.py's launching process started, which is the user's.
     output = run_in_terminal([sys.executable, TRAIN, "CartPole-v1", "--nprocs", "2", "--total_steps", "2048",
-                              "--batch_size", "1024", "--logdir", str(tmp_path / "runs")], {}, timeout=180)
+                              "--batch_size", "1024", *FEW_MINIBATCHES, "--logdir", str(tmp_path / "runs")],
+                             {}, timeout=180)
     assert "PPO on CartPole-v1: 2 processes" in output and "step/s" in output and "\r" in output, output[-3000:]
 
 

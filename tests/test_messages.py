@@ -7,7 +7,7 @@ import argparse
 import sys
 
 import pytest
-from conftest import launcher, run_bounded
+from conftest import FEW_MINIBATCHES, launcher, run_bounded
 from test_train import TRAIN, progress
 
 from mpi_util.supervise import JobWatch
@@ -61,7 +61,7 @@ def test_usage_error_under_a_launcher_is_said_once(tmp_path):
 
 def test_max_restarts_under_a_launcher_is_a_one_line_note_and_the_job_trains(tmp_path):
     command, env = launcher("-n", "2", sys.executable, TRAIN, "CartPole-v1", "--max_restarts", "2", "--batch_size",
-                            "1024", "--total_steps", "1024", "--logdir", str(tmp_path))
+                            "1024", *FEW_MINIBATCHES, "--total_steps", "1024", "--logdir", str(tmp_path))
     result = run_bounded(command, timeout=180, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr == ("train.py: note: --max_restarts is ignored under a launcher (mpiexec, mpirun or srun); "

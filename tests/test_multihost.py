@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SCRIPTS, run_bounded
+from conftest import FEW_MINIBATCHES, REPO, SCRIPTS, run_bounded
 from conftest import launcher as one_host_launcher
 from hosts import Launcher, TwoHosts
 
@@ -189,7 +189,7 @@ def test_train_and_resume_across_hosts_that_share_no_filesystem(hosts_sharing_no
     # Rank 0 (hostA) alone reads and writes the run directory; hostB's ranks never see it, on --resume either.
     hosts, logs = hosts_sharing_nothing, tmp_path / "logs"
     run_dir = logs / "run"
-    common = ["CartPole-v1", "--batch_size", "1024", "--checkpoint_every", "1", "--logdir", str(logs)]
+    common = ["CartPole-v1", "--batch_size", "1024", "--checkpoint_every", "1", *FEW_MINIBATCHES, "--logdir", str(logs)]
     code, _, err = across(hosts, launcher, [TRAIN, *common, "--total_steps", "2048", "--run_dir", str(run_dir)], 120)
     assert code == 0, err[-3000:]
     started = time.monotonic()
@@ -245,7 +245,7 @@ def test_two_cliques_stall_error_names_the_rank_on_the_other_node(run_mpi, tmp_p
 @mpich_only
 def test_two_cliques_train_runs(tmp_path):
     result = run_bounded([sys.executable, TRAIN, "CartPole-v1", "--nprocs", "4", "--total_steps", "4096",
-                          "--logdir", str(tmp_path)], 180, CLIQUES)
+                          *FEW_MINIBATCHES, "--logdir", str(tmp_path)], 180, CLIQUES)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()
     assert [row["total_steps"] for row in progress(run_dir)] == ["2048", "4096"]

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, run_bounded
+from conftest import FEW_MINIBATCHES, REPO, run_bounded
 from test_train import TRAIN, progress, reproducible_part, train
 
 from trainer.checkpoint import list_checkpoints, load_latest_checkpoint
 
 STRACE = shutil.which("strace")
 COMMON = ("CartPole-v1", "--nprocs", "2", "--batch_size", "1024", "--checkpoint_every", "2",
-          "--lr_schedule", "constant")
+          "--lr_schedule", "constant", *FEW_MINIBATCHES)
 
 # (file of the run directory, system call, fault): the writes a resume makes, in the order it makes them. config.json
 # and progress.csv are replaced whole (written to .NAME.tmp, then renamed); progress.csv's new rows are appended.
@@ -75,10 +75,12 @@ def test_kill_or_full_disk_at_each_write_of_a_resume_loses_no_row_and_the_next_r
 
 FAULTY = "tests.faulty_env:FaultyPendulum-v0"
 # Each phase: the job's settings, and what the phase needs (more on each in wait_for_phase). In "rollout" rank 0's env
-# sleeps 4 ms a step (2 s for its 512 steps); in "update" PPO runs 200 epochs with no early stop (about 2 s).
+# sleeps 4 ms a step (2 s for its 512 steps); in "update" PPO runs 200 epochs of 64-row minibatches with no early
+# stop (about 2 s).
 PHASES = {
-    "start-up": ((FAULTY,), {}),
-    "rollout": ((FAULTY,), {"FAULT_KIND": "slow", "FAULT_RANK": "0", "FAULT_AT_STEP": "0", "FAULT_SLOW_S": "0.004"}),
+    "start-up": ((FAULTY, *FEW_MINIBATCHES), {}),
+    "rollout": ((FAULTY, *FEW_MINIBATCHES),
+                {"FAULT_KIND": "slow", "FAULT_RANK": "0", "FAULT_AT_STEP": "0", "FAULT_SLOW_S": "0.004"}),
     "update": (("CartPole-v1", "--epochs", "200", "--kl_targ", "1000"), {}),
 }
 STOP_COMMON = ("--nprocs", "2", "--batch_size", "1024", "--checkpoint_every", "1000", "--lr_schedule", "constant")
@@ -264,7 +266,8 @@ def test_a_second_ctrl_c_after_the_notice_stops_at_once_in_one_line(tmp_path):
     # Rank 0 rolls out for 5 s: the second Ctrl-C comes while the iteration the first one asked to finish goes on.
     _, env = PHASES["rollout"]
     logdir = tmp_path / "twice"
-    job = start_training(logdir, FAULTY, *STOP_COMMON, "--total_steps", "1000000", env={**env, "FAULT_SLOW_S": "0.01"})
+    job = start_training(logdir, FAULTY, *FEW_MINIBATCHES, *STOP_COMMON, "--total_steps", "1000000",
+                         env={**env, "FAULT_SLOW_S": "0.01"})
     wait_for_phase("rollout", job, logdir)
     first = time.monotonic()
     job.send_signal(signal.SIGINT)  # a terminal's Ctrl-C reaches the launcher's process group: the launcher

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import shutil
 
+from conftest import FEW_MINIBATCHES
 from test_train import progress, reproducible_part, train
 
 
 def test_lagged_run_is_reproducible_resumes_exactly_and_differs_from_the_plain_loop(tmp_path):
     # Even shares: every rank runs the same steps whatever the timing, so the lagged run is reproducible bit for bit.
-    common = ["Pendulum-v1", "--nprocs", "2", "--batch_split", "even", "--checkpoint_every", "2"]
+    common = ["Pendulum-v1", "--nprocs", "2", "--batch_split", "even", "--checkpoint_every", "2",
+              *FEW_MINIBATCHES]
     lagged, out = train(*common, "--total_steps", "8192", "--policy_lag", "1", "--check_sync",
                         "--logdir", str(tmp_path / "lagged"))
     plain, _ = train(*common, "--total_steps", "4096", "--logdir", str(tmp_path / "plain"))
@@ -43,11 +45,11 @@ def test_lagged_run_with_a_shared_budget_and_one_process(tmp_path):
     # The default split under --policy_lag 1 is shared: the workers fill the batch while rank 0 updates. On one
     # process, the loop runs lagged alone. Both fill every batch and stop at the budget.
     shared, _ = train("Pendulum-v1", "--nprocs", "3", "--policy_lag", "1", "--total_steps", "6000",
-                      "--batch_size", "2000", "--check_sync", "--logdir", str(tmp_path / "shared"))
+                      "--batch_size", "2000", *FEW_MINIBATCHES, "--check_sync", "--logdir", str(tmp_path / "shared"))
     assert json.loads((shared / "config.json").read_text())["batch_split"] == "shared"
     rows = progress(shared)
     assert [int(r["total_steps"]) for r in rows] == [2000, 4000, 6000]
     assert all(r["sync_ok"] == "1.0" for r in rows)
     single, _ = train("Pendulum-v1", "--algo", "trpo", "--policy_lag", "1", "--total_steps", "4000",
-                      "--batch_size", "2000", "--logdir", str(tmp_path / "single"))
+                      "--batch_size", "2000", *FEW_MINIBATCHES, "--logdir", str(tmp_path / "single"))
     assert [int(r["total_steps"]) for r in progress(single)] == [2000, 4000]

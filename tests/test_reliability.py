@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_bounded
+from conftest import FEW_MINIBATCHES, REPO, run_bounded
 from test_train import TRAIN, progress, reproducible_part, train
 
 import mpi_util
@@ -29,7 +29,8 @@ def train_with_fault(tmp_path: Path, kind: str, rank: int, at_step: int, extra: 
     env = {"FAULT_KIND": kind, "FAULT_RANK": str(rank), "FAULT_AT_STEP": str(at_step), "FAULT_AFTER_FILE": after_file,
            **(env or {})}
     return run_bounded([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536",
-                        "--total_steps", "100000", "--logdir", str(tmp_path), *extra], timeout=150, env=env)
+                        *FEW_MINIBATCHES, "--total_steps", "100000", "--logdir", str(tmp_path), *extra],
+                       timeout=150, env=env)
 
 
 def assert_no_process_left(tmp_path: Path) -> None:
@@ -100,7 +101,7 @@ def test_slow_rank_that_advances_is_not_blamed(tmp_path):
 def test_stop_request_with_a_hung_rank_ends_the_job_within_the_grace_naming_it(tmp_path):
     # Rank 1 hangs in iteration 2; a SIGTERM after iteration 1 asks for a stop, which iteration 2 never reaches.
     env = dict(os.environ, PYTHONPATH=str(REPO), FAULT_KIND="hang", FAULT_RANK="1", FAULT_AT_STEP="700")
-    job = subprocess.Popen([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536",
+    job = subprocess.Popen([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536", *FEW_MINIBATCHES,
                             "--checkpoint_every", "1", "--total_steps", "100000", "--stop_grace", "5", "--logdir",
                             str(tmp_path)],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -134,7 +135,7 @@ def test_nan_reward_names_rank_and_step(tmp_path):
 def test_signal_stops_at_safe_point_with_checkpoint_and_resume_is_exact(tmp_path, signum):
     # A constant learning rate: the resume below shrinks the budget, which a linear schedule follows.
     common = ["Pendulum-v1", "--nprocs", "2", "--batch_size", "1024", "--checkpoint_every", "1000",
-              "--lr_schedule", "constant"]
+              "--lr_schedule", "constant", *FEW_MINIBATCHES]
     job = subprocess.Popen([sys.executable, TRAIN, *common, "--total_steps", "1000000", "--logdir",
                             str(tmp_path / "stopped")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
@@ -167,7 +168,7 @@ def test_signal_stops_at_safe_point_with_checkpoint_and_resume_is_exact(tmp_path
 
 def test_corrupted_checkpoint_is_reported_and_previous_used(tmp_path):
     run_dir, _ = train("CartPole-v1", "--nprocs", "2", "--total_steps", "8192", "--checkpoint_every", "2",
-                       "--logdir", str(tmp_path))
+                       *FEW_MINIBATCHES, "--logdir", str(tmp_path))
     newest = run_dir / "checkpoints" / "ckpt_00000004.pkl"
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated, as by a crash mid-copy
     _, out = train("--resume", str(run_dir), "--nprocs", "2", "--total_steps", "10240")
@@ -178,7 +179,7 @@ def test_corrupted_checkpoint_is_reported_and_previous_used(tmp_path):
 
 def test_full_disk_at_checkpoint_names_last_good_one(tmp_path):
     run_dir, _ = train(FAULTY, "--nprocs", "2", "--total_steps", "4096", "--checkpoint_every", "2",
-                       "--logdir", str(tmp_path))
+                       *FEW_MINIBATCHES, "--logdir", str(tmp_path))
     good = (run_dir / "checkpoints" / "ckpt_00000002.pkl").read_bytes()
     assert len(good) > 60_000
     # From iteration 4 on (1024 env steps per rank per iteration, counted from the run's start: the env comes back from
@@ -203,7 +204,8 @@ def test_unwritable_log_directory_fails_before_training(tmp_path):
 
 
 def test_resume_of_another_algorithm_is_refused(tmp_path):
-    run_dir, _ = train("CartPole-v1", "--nprocs", "1", "--total_steps", "2048", "--logdir", str(tmp_path))
+    run_dir, _ = train("CartPole-v1", "--nprocs", "1", "--total_steps", "2048", *FEW_MINIBATCHES,
+                       "--logdir", str(tmp_path))
     result = run_bounded([sys.executable, TRAIN, "--resume", str(run_dir), "--algo", "trpo"], timeout=60)
     assert result.returncode == 2
     assert f"--resume {run_dir} is a ppo run, not trpo" in result.stderr
@@ -221,8 +223,9 @@ def test_missing_mpiexec_is_a_clear_error(monkeypatch):
 def test_signal_after_training_ended_still_exits_cleanly(tmp_path):
     # A Ctrl-C just after the last iteration (during shutdown) used to kill ranks inside MPI_Finalize.
     job = subprocess.Popen([sys.executable, TRAIN, "Pendulum-v1", "--nprocs", "3", "--batch_size", "1536",
-                            "--total_steps", "3072", "--logdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
-                           stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+                            "--total_steps", "3072", *FEW_MINIBATCHES, "--logdir", str(tmp_path)], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
         for line in job.stdout:
             if line.startswith("done:"):
@@ -236,7 +239,8 @@ def test_signal_after_training_ended_still_exits_cleanly(tmp_path):
 
 
 def test_run_directory_in_use_is_refused(tmp_path):
-    run_dir, _ = train("CartPole-v1", "--nprocs", "1", "--total_steps", "2048", "--logdir", str(tmp_path))
+    run_dir, _ = train("CartPole-v1", "--nprocs", "1", "--total_steps", "2048", *FEW_MINIBATCHES,
+                       "--logdir", str(tmp_path))
     job = subprocess.Popen([sys.executable, TRAIN, "--resume", str(run_dir), "--nprocs", "2", "--total_steps",
                             "1000000"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                            env=dict(os.environ, PYTHONPATH=str(REPO)))

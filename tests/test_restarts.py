@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SCRIPTS, run_bounded
+from conftest import FEW_MINIBATCHES, REPO, SCRIPTS, run_bounded
 from test_reliability import FAULTY, assert_no_process_left
 from test_train import TRAIN, progress
 
@@ -32,9 +32,9 @@ def killed_run(tmp_path: Path, max_restarts: int, total_steps: int = 100_000) ->
     env = {"FAULT_KIND": "kill", "FAULT_RANK": "1", "FAULT_AT_STEP": "1200", "FAULT_REPORT_DIR": str(reports),
            "FAULT_ONCE_MARKER": str(tmp_path / "killed_once"),
            "FAULT_AFTER_FILE": str(tmp_path / "runs" / "*" / "checkpoints" / "ckpt_00000002.pkl")}
-    return run_bounded([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536", "--total_steps",
-                        str(total_steps), "--checkpoint_every", "1", "--max_restarts", str(max_restarts),
-                        "--logdir", str(tmp_path / "runs")], timeout=240, env=env)
+    return run_bounded([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536", *FEW_MINIBATCHES,
+                        "--total_steps", str(total_steps), "--checkpoint_every", "1", "--max_restarts",
+                        str(max_restarts), "--logdir", str(tmp_path / "runs")], timeout=240, env=env)
 
 
 def killed_rank_report(tmp_path: Path, rank: int = 1) -> dict:
@@ -226,7 +226,8 @@ def test_a_job_within_the_cgroup_limit_trains(tmp_path, pids_cgroup):
     # Room for 2 ranks as check_process_room counts them, and 10 tasks for the launching process itself.
     (pids_cgroup / "pids.max").write_text(str(tasks_of_job(2) + 10))
     result = run_bounded(in_cgroup(pids_cgroup, sys.executable, TRAIN, "CartPole-v1", "--nprocs", "2",
-                                   "--batch_size", "1024", "--total_steps", "2048", "--logdir", str(tmp_path)),
+                                   "--batch_size", "1024", *FEW_MINIBATCHES, "--total_steps", "2048", "--logdir",
+                                   str(tmp_path)),
                          timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr == ""
@@ -249,7 +250,7 @@ def test_no_restart_after_the_user_stops_the_job(tmp_path):
     # --stop_grace is spent, with a nonzero status (a second SIGTERM changes nothing). That is the user's stop, not a
     # failure to restart from.
     env = dict(os.environ, PYTHONPATH=str(REPO), FAULT_KIND="hang", FAULT_RANK="1", FAULT_AT_STEP="700")
-    job = subprocess.Popen([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536",
+    job = subprocess.Popen([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536", *FEW_MINIBATCHES,
                             "--checkpoint_every", "1", "--total_steps", "100000", "--max_restarts", "2",
                             "--stop_grace", "5", "--logdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE,

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, launcher
+from conftest import FEW_MINIBATCHES, REPO, launcher
 
 from trainer.run_dir import OWNER_FILE, RunDirInUseError, create_run_dir, lock_run_dir, run_dir_name
 
@@ -162,7 +162,8 @@ def done_run_dir(stdout: str) -> Path:
 def test_two_runs_started_together_get_their_own_run_directories(tmp_path, kind):
     # The same env, algorithm and seed started at the same moment: the same name (or, under Slurm, the same name
     # but for the job), which used to make one of them abort with "in use by another training job".
-    common = ["CartPole-v1", "--seed", "5", "--batch_size", "512", "--total_steps", "1024", "--logdir", str(tmp_path)]
+    common = ["CartPole-v1", "--seed", "5", "--batch_size", "512", *FEW_MINIBATCHES, "--total_steps", "1024",
+              "--logdir", str(tmp_path)]
     base = dict(os.environ, PYTHONPATH=str(REPO))
     if kind == "slurm_array_tasks":
         jobs = [([sys.executable, TRAIN, *common], dict(base, SLURM_JOB_ID=str(4300 + task),

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_bounded
+from conftest import FEW_MINIBATCHES, REPO, run_bounded
 
 from algos.registry import ALGORITHMS
 
@@ -168,7 +168,7 @@ def test_video_says_what_to_install_before_any_episode_is_played(learned_runs, t
 @pytest.mark.parametrize("nprocs", [1, 3])
 def test_weights_identical_on_every_rank_each_iteration(runs_dir, nprocs):
     run_dir, _ = train("Pendulum-v1", "--nprocs", str(nprocs), "--total_steps", "6000", "--batch_size", "2000",
-                       "--check_sync", "--logdir", str(runs_dir / f"sync{nprocs}"))
+                       *FEW_MINIBATCHES, "--check_sync", "--logdir", str(runs_dir / f"sync{nprocs}"))
     rows = progress(run_dir)
     assert len(rows) == 3
     assert all(r["sync_ok"] == "1.0" for r in rows)
@@ -178,7 +178,8 @@ def test_shared_batch_split_fills_every_batch_and_keeps_ranks_in_sync(runs_dir):
     # 3 ranks on 2 cores draw a 2000-step batch from one budget: train.py checks that rank 0 gathers exactly
     # 2000 steps every iteration, and --check_sync that every rank holds the same weights afterwards.
     run_dir, _ = train("Pendulum-v1", "--nprocs", "3", "--batch_split", "shared", "--total_steps", "6000",
-                       "--batch_size", "2000", "--check_sync", "--logdir", str(runs_dir / "shared_split"))
+                       "--batch_size", "2000", *FEW_MINIBATCHES, "--check_sync",
+                       "--logdir", str(runs_dir / "shared_split"))
     rows = progress(run_dir)
     assert [int(r["total_steps"]) for r in rows] == [2000, 4000, 6000]
     assert all(r["sync_ok"] == "1.0" for r in rows)
@@ -188,7 +189,7 @@ def test_shared_batch_split_fills_every_batch_and_keeps_ranks_in_sync(runs_dir):
 
 
 def test_same_seed_same_results_other_seed_differs(runs_dir):
-    common = ["Pendulum-v1", "--algo", "trpo", "--nprocs", "2", "--total_steps", "6144"]
+    common = ["Pendulum-v1", "--algo", "trpo", "--nprocs", "2", "--total_steps", "6144", *FEW_MINIBATCHES]
     first, _ = train(*common, "--logdir", str(runs_dir / "det1"))
     second, _ = train(*common, "--logdir", str(runs_dir / "det2"))
     other, _ = train(*common, "--seed", "1", "--logdir", str(runs_dir / "det3"))
@@ -206,7 +207,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir, algo, envs
     # on an episode budget instead (Pendulum's episodes all last 200 steps; after iteration 3 each of the 2 x 1
     # envs has run 3072 steps, 15 episodes, and each of the 2 x 2 envs 1536 steps, 7 episodes).
     common = ["Pendulum-v1", "--algo", algo, "--nprocs", "2", "--envs_per_rank", str(envs_per_rank),
-              "--checkpoint_every", "3", "--total_steps", "12288"]
+              "--checkpoint_every", "3", "--total_steps", "12288", *FEW_MINIBATCHES]
     whole, _ = train(*common, "--logdir", str(runs_dir / f"whole_{algo}{envs_per_rank}"))
     part, _ = train(*common, "--num_episodes", str(episodes_by_iteration_3),
                     "--logdir", str(runs_dir / f"part_{algo}{envs_per_rank}"))
@@ -219,7 +220,8 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir, algo, envs
 def test_resume_with_different_nprocs_keeps_counters_and_other_versions_are_named(runs_dir):
     from trainer.checkpoint import load_latest_checkpoint, save_checkpoint
 
-    part, _ = train("CartPole-v1", "--nprocs", "2", "--total_steps", "4096", "--logdir", str(runs_dir / "renproc"))
+    part, _ = train("CartPole-v1", "--nprocs", "2", "--total_steps", "4096", *FEW_MINIBATCHES,
+                    "--logdir", str(runs_dir / "renproc"))
     versions = json.loads((part / "config.json").read_text())["versions"]
     assert {"python", "numpy", "tensorflow", "gymnasium", "mujoco", "mpi4py", "mpi_library", "cpu_model",
             "openblas_coretype"} <= set(versions), versions
@@ -311,7 +313,8 @@ def test_first_command_prints_only_our_own_lines(tmp_path):
 def test_workers_import_no_tensorflow(tmp_path):
     env = {"FAULT_KIND": "report_modules", "FAULT_REPORT_DIR": str(tmp_path)}
     result = run_bounded([sys.executable, TRAIN, "tests.faulty_env:FaultyPendulum-v0", "--nprocs", "3",
-                          "--batch_size", "1536", "--total_steps", "1536", "--logdir", str(tmp_path / "runs")],
+                          "--batch_size", "1536", "--total_steps", "1536", *FEW_MINIBATCHES,
+                          "--logdir", str(tmp_path / "runs")],
                          timeout=180, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.loads((tmp_path / f"modules_{r}.json").read_text()) for r in range(3)]
@@ -321,7 +324,8 @@ def test_workers_import_no_tensorflow(tmp_path):
 
 
 def test_resume_honours_changes_however_spelled_and_refuses_the_rest(tmp_path):
-    run_dir, _ = train("Pendulum-v1", "--batch_size", "512", "--total_steps", "1024", "--logdir", str(tmp_path))
+    run_dir, _ = train("Pendulum-v1", "--batch_size", "512", *FEW_MINIBATCHES, "--total_steps", "1024",
+                       "--logdir", str(tmp_path))
     train("--resume", str(run_dir), "--total_steps=2048")  # "=" form
     assert len(progress(run_dir)) == 4
     train("--resume", str(run_dir), "--total", "3072")  # an abbreviation argparse accepts
