@@ -264,9 +264,9 @@ def test_sighup_to_the_launcher_stops_like_sigterm(tmp_path):
 
 def test_a_second_ctrl_c_after_the_notice_stops_at_once_in_one_line(tmp_path):
     # Rank 0 rolls out for 5 s: the second Ctrl-C comes while the iteration the first one asked to finish goes on.
-    _, env = PHASES["rollout"]
+    settings, env = PHASES["rollout"]
     logdir = tmp_path / "twice"
-    job = start_training(logdir, FAULTY, *FEW_MINIBATCHES, *STOP_COMMON, "--total_steps", "1000000",
+    job = start_training(logdir, *settings, *STOP_COMMON, "--total_steps", "1000000",
                          env={**env, "FAULT_SLOW_S": "0.01"})
     wait_for_phase("rollout", job, logdir)
     first = time.monotonic()
