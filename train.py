@@ -31,7 +31,7 @@ except ImportError as error:  # no MPI library: say so in one line, not a traceb
     print(f"train.py: error: {error}", file=sys.stderr)
     sys.exit(2)
 from mpi_util.supervise import JOB_DIR_VARIABLE, check_process_room  # noqa: E402
-from trainer.config import TrainConfig, build_config, check_config  # noqa: E402
+from trainer.config import TrainConfig, build_config  # noqa: E402
 from trainer.counters import Counters  # noqa: E402
 from trainer.job import actor_state_to_receive, job_resources, make_rollout_worker, share_of_batch  # noqa: E402
 from trainer.learner import Learner, check_sync  # noqa: E402
@@ -112,10 +112,8 @@ def main_in_rank(args: argparse.Namespace) -> int:
     setup: tuple | str | None = None
     if rank == 0:
         try:
+            args.nprocs = str(mpi_util.nworkers)  # the launcher's count wins (and sets a family's envs per process)
             config, run_dir, resuming = build_config(args)
-            if config.nprocs != mpi_util.nworkers:  # the launcher's count wins
-                config.nprocs = mpi_util.nworkers
-                check_config(config)
             # Under mpi_fork its launching process made the directory (--run_dir); else rank 0 makes it here.
             run_dir = prepare_run_dir(run_dir, args.logdir, new=not resuming and args.run_dir is None)
             setup = (config, run_dir, resuming)
@@ -136,6 +134,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     numpy copies of rank 0's weights and normalizers, received into arrays of the same shapes.
     """
     from algos.numpy_actor import NumpyActor
+    from algos.registry import shares_torso
 
     rank, nprocs = mpi_util.rank, mpi_util.nworkers
     mpi_util.set_global_seeds(config.seed)
@@ -144,9 +143,11 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     worker, action_rng = make_rollout_worker(config, rank, seed_path=())
     counters = Counters()
     job = job_resources()
-    learner = Learner(config, run_dir, worker.obs, worker.action, resuming) if rank == 0 else None
+    learner = (Learner(config, run_dir, worker.obs, worker.action, resuming, job["rank0_host_ranks"]) if rank == 0
+               else None)
     # What rank 0 broadcasts each iteration: the actor-critic's variables and normalizers, then the counters.
-    actor_state = actor_state_to_receive(learner, worker, config.hidden)
+    actor_state = actor_state_to_receive(learner, worker, config)
+    shared_torso = shares_torso(config.algo, worker.obs.is_image)
     learner_state = [*actor_state, counters.array]
     elapsed_before = 0.0
     if resuming:
@@ -162,7 +163,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
         while not counters.stop:
             t0 = time.monotonic()
             actor = NumpyActor.from_ac_state([as_numpy(v) for v in actor_state], config.hidden, worker.obs,
-                                             worker.action)
+                                             worker.action, shared_torso)
             stats, episodes = {}, None  # rank 0: this iteration's update and the episodes of the batch it learned
             if learner and learner.update_due(before_rollout=True):  # --policy_lag 1: while the others roll out
                 stats, episodes = learner.update(counters)

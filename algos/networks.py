@@ -1,13 +1,14 @@
 """The learner's networks (Keras): multilayer perceptrons for vectors, a convolutional torso for images; their numpy
-twins, numpy_mlp_forward and numpy_cnn_forward, are in algos.numpy_actor."""
+twins, numpy_mlp_forward, numpy_cnn_forward and numpy_cnn_torso, are in algos.numpy_actor."""
 
 import keras
 import numpy as np
 
-from algos.numpy_actor import numpy_cnn_forward, numpy_mlp_forward
+from algos.numpy_actor import numpy_cnn_forward, numpy_cnn_torso, numpy_mlp_forward
 from algos.spaces import ObsSpec, conv_layers
 
-__all__ = ["build_cnn", "build_mlp", "numpy_cnn_forward", "numpy_mlp_forward"]
+__all__ = ["build_cnn", "build_cnn_torso", "build_head", "build_mlp", "numpy_cnn_forward", "numpy_cnn_torso",
+           "numpy_mlp_forward"]
 
 
 def build_mlp(in_dim: int, out_dim: int, hidden: tuple[int, ...], output_gain: float) -> keras.Model:
@@ -35,12 +36,30 @@ def build_mlp(in_dim: int, out_dim: int, hidden: tuple[int, ...], output_gain: f
 
 
 def build_cnn(obs: ObsSpec, out_dim: int, output_gain: float) -> keras.Model:
-    """Images (N, H, W, C) uint8 -> (N, out_dim): pixels times obs.scale, the conv_layers torso (ReLU), a ReLU dense
-    layer, a linear output. Orthogonal weights (gain sqrt(2), output_gain on the output) and zero biases.
-    model.weights is [K0 (k, k, C, F0), b0, ..., W (flat, D), b (D,), W_out (D, out_dim), b_out], the layout
-    numpy_cnn_forward expects."""
-    convs, dense = conv_layers(obs.shape)
+    """Images (N, H, W, C) uint8 -> (N, out_dim): build_cnn_torso's layers, then a linear output (orthogonal, gain
+    output_gain, zero bias). model.weights is [K0 (k, k, C, F0), b0, ..., W (flat, D), b (D,), W_out (D, out_dim),
+    b_out], the layout numpy_cnn_forward expects."""
     inputs = keras.Input(shape=obs.shape, dtype="uint8")
+    return keras.Model(inputs, build_head(out_dim, output_gain)(_torso_layers(obs, inputs)))
+
+
+def build_cnn_torso(obs: ObsSpec) -> keras.Model:
+    """Images (N, H, W, C) uint8 -> (N, D) features: pixels times obs.scale, the conv_layers torso (ReLU), a ReLU dense
+    layer of D units. Orthogonal weights (gain sqrt(2)) and zero biases. model.weights is [K0 (k, k, C, F0), b0, ...,
+    W (flat, D), b (D,)], the layout numpy_cnn_torso expects."""
+    inputs = keras.Input(shape=obs.shape, dtype="uint8")
+    return keras.Model(inputs, _torso_layers(obs, inputs))
+
+
+def build_head(out_dim: int, output_gain: float) -> keras.layers.Dense:
+    """A linear output layer of out_dim units: orthogonal weights of gain output_gain, zero biases."""
+    return keras.layers.Dense(out_dim, kernel_initializer=keras.initializers.Orthogonal(gain=output_gain),
+                              bias_initializer="zeros")
+
+
+def _torso_layers(obs: ObsSpec, inputs: keras.KerasTensor) -> keras.KerasTensor:
+    """build_cnn_torso's layers applied to ``inputs``."""
+    convs, dense = conv_layers(obs.shape)
     # In the network, so that a batch stays uint8 (a quarter of float32's bytes) until each minibatch runs.
     x = keras.ops.cast(inputs, "float32") * obs.scale
     for filters, kernel, stride in convs:
@@ -48,9 +67,6 @@ def build_cnn(obs: ObsSpec, out_dim: int, output_gain: float) -> keras.Model:
                                 kernel_initializer=keras.initializers.Orthogonal(gain=np.sqrt(2.0)),
                                 bias_initializer="zeros")(x)
     x = keras.layers.Flatten()(x)
-    x = keras.layers.Dense(dense, activation="relu",
-                           kernel_initializer=keras.initializers.Orthogonal(gain=np.sqrt(2.0)),
-                           bias_initializer="zeros")(x)
-    outputs = keras.layers.Dense(out_dim, kernel_initializer=keras.initializers.Orthogonal(gain=output_gain),
-                                 bias_initializer="zeros")(x)
-    return keras.Model(inputs, outputs)
+    return keras.layers.Dense(dense, activation="relu",
+                              kernel_initializer=keras.initializers.Orthogonal(gain=np.sqrt(2.0)),
+                              bias_initializer="zeros")(x)

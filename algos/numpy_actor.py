@@ -46,12 +46,12 @@ def conv2d(x: np.ndarray, kernel: np.ndarray, stride: int) -> np.ndarray:
 CNN_ROWS = 16
 
 
-def numpy_cnn_forward(weights: list[np.ndarray], x: np.ndarray, obs: ObsSpec) -> np.ndarray:
-    """The function of build_cnn in numpy: x (N, H, W, C) uint8 -> (N, out_dim) float32; weights as in model.weights.
-    Agrees with TensorFlow's to float32 round-off, not to the bit. Runs CNN_ROWS images at a time."""
+def numpy_cnn_torso(weights: list[np.ndarray], x: np.ndarray, obs: ObsSpec) -> np.ndarray:
+    """The convolutional torso of build_cnn (its layers up to the ReLU dense layer) in numpy: x (N, H, W, C) uint8 ->
+    (N, D) float32 features; weights [K0, b0, ..., W (flat, D), b (D,)] as in the torso's weights. Agrees with
+    TensorFlow's to float32 round-off, not to the bit. Runs CNN_ROWS images at a time."""
     if len(x) > CNN_ROWS:
-        return np.concatenate([numpy_cnn_forward(weights, x[i : i + CNN_ROWS], obs)
-                               for i in range(0, len(x), CNN_ROWS)])
+        return np.concatenate([numpy_cnn_torso(weights, x[i : i + CNN_ROWS], obs) for i in range(0, len(x), CNN_ROWS)])
     convs, _ = conv_layers(obs.shape)
     h = x.astype(np.float32)
     h *= np.float32(obs.scale)
@@ -59,18 +59,27 @@ def numpy_cnn_forward(weights: list[np.ndarray], x: np.ndarray, obs: ObsSpec) ->
         h = conv2d(h, weights[2 * i], stride)
         h += weights[2 * i + 1]
         np.maximum(h, 0.0, out=h)
-    h = h.reshape(len(h), -1)
-    dense = weights[2 * len(convs):]
-    for i in range(0, len(dense), 2):
-        h = np.dot(h, dense[i])
-        h += dense[i + 1]
-        if i < len(dense) - 2:
-            np.maximum(h, 0.0, out=h)
-    return h
+    h = np.dot(h.reshape(len(h), -1), weights[-2])
+    h += weights[-1]
+    return np.maximum(h, 0.0, out=h)
 
 
-def network_like(obs: ObsSpec, hidden: tuple[int, ...], out_dim: int) -> list[np.ndarray]:
-    """Zero arrays of the shapes of one network's weights (build_mlp's or build_cnn's), float32."""
+def numpy_cnn_forward(weights: list[np.ndarray], x: np.ndarray, obs: ObsSpec) -> np.ndarray:
+    """The function of build_cnn in numpy: x (N, H, W, C) uint8 -> (N, out_dim) float32; weights as in model.weights
+    (the torso's, then the linear output's W (D, out_dim) and b (out_dim,))."""
+    return linear(weights[-2:], numpy_cnn_torso(weights[:-2], x, obs))
+
+
+def linear(weights: list[np.ndarray], features: np.ndarray) -> np.ndarray:
+    """A linear output layer: features (N, D) float32, weights [W (D, out_dim), b (out_dim,)] -> (N, out_dim)."""
+    out = np.dot(features, weights[0])
+    out += weights[1]
+    return out
+
+
+def network_like(obs: ObsSpec, hidden: tuple[int, ...], out_dim: int | None) -> list[np.ndarray]:
+    """Zero arrays of the shapes of one network's weights (build_mlp's or build_cnn's), float32; out_dim None: a CNN's
+    torso alone (build_cnn_torso's), without the output layer."""
     arrays: list[np.ndarray] = []
     if obs.is_image:
         convs, dense = conv_layers(obs.shape)
@@ -78,7 +87,7 @@ def network_like(obs: ObsSpec, hidden: tuple[int, ...], out_dim: int) -> list[np
         for filters, kernel, stride in convs:
             arrays += [np.zeros((kernel, kernel, channels, filters), np.float32), np.zeros(filters, np.float32)]
             height, width, channels = (height - kernel) // stride + 1, (width - kernel) // stride + 1, filters
-        sizes = [height * width * channels, dense, out_dim]
+        sizes = [height * width * channels, dense] + ([] if out_dim is None else [out_dim])
     else:
         sizes = [obs.shape[0], *hidden, out_dim]
     for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
@@ -86,16 +95,23 @@ def network_like(obs: ObsSpec, hidden: tuple[int, ...], out_dim: int) -> list[np
     return arrays
 
 
-def actor_critic_state_like(obs: ObsSpec, action: ActionSpec, hidden: tuple[int, ...]) -> list[np.ndarray]:
+def actor_critic_state_like(obs: ObsSpec, action: ActionSpec, hidden: tuple[int, ...],
+                            shared_torso: bool = False) -> list[np.ndarray]:
     """Arrays of the shapes and dtypes of ActorCritic.broadcast_state(), without TensorFlow: what a worker receives
-    rank 0's learner state into. pi_net's weights (network_like, action.n_outputs outputs) float32, log_std
-    (act_dim,) float32 for a Box, v_net's weights (one output) float32, then obs_rms and ret_rms [mean, var, count]
-    as RunningMeanStd holds them (obs_rms of one dimension for images, which it does not normalize). Values are
-    placeholders until the broadcast."""
+    rank 0's learner state into. Two networks: pi_net's weights (network_like, action.n_outputs outputs), log_std
+    (act_dim,) for a Box, v_net's weights (one output). One shared CNN torso (``shared_torso``): the torso's weights,
+    the policy head [W (D, n_outputs), b], log_std for a Box, the value head [W (D, 1), b]. All float32; then obs_rms
+    and ret_rms [mean, var, count] as RunningMeanStd holds them (obs_rms of one dimension for images, which it does
+    not normalize). Values are placeholders until the broadcast."""
     log_std = [] if action.discrete else [np.zeros(action.n_outputs, np.float32)]
     obs_dim = 1 if obs.is_image else obs.shape[0]
     normalizers = [a.copy() for a in RunningMeanStd(obs_dim).arrays() + RunningMeanStd(1).arrays()]
-    return (network_like(obs, hidden, action.n_outputs) + log_std + network_like(obs, hidden, 1) + normalizers)
+    if shared_torso:
+        width = conv_layers(obs.shape)[1]
+        heads = [np.zeros((width, action.n_outputs), np.float32), np.zeros(action.n_outputs, np.float32), *log_std,
+                 np.zeros((width, 1), np.float32), np.zeros(1, np.float32)]
+        return network_like(obs, hidden, None) + heads + normalizers
+    return network_like(obs, hidden, action.n_outputs) + log_std + network_like(obs, hidden, 1) + normalizers
 
 
 class NumpyActor:
@@ -104,6 +120,10 @@ class NumpyActor:
     Workers use it because one numpy forward pass of a small MLP takes microseconds, against milliseconds
     through TensorFlow per call. What it derives from its arguments (std, the observation scale) is computed once
     at construction: give it arrays that will not change (ActorCritic.numpy_actor() passes copies).
+
+    Two networks: pi_weights and v_weights are whole networks (build_mlp's or build_cnn's), torso_weights None. One
+    shared CNN torso: torso_weights are its weights (build_cnn_torso's), pi_weights and v_weights the linear heads on
+    its features, and act_and_value_with_noise gives a step's actions and values from one pass of the torso.
     """
 
     def __init__(
@@ -115,7 +135,9 @@ class NumpyActor:
         ret_rms: RunningMeanStd,
         obs: ObsSpec,
         action: ActionSpec,
+        torso_weights: list[np.ndarray] | None = None,
     ) -> None:
+        self.torso_weights = torso_weights
         self.pi_weights = pi_weights
         self.log_std = log_std
         self.std = None if log_std is None else np.exp(log_std).astype(np.float32)
@@ -132,16 +154,20 @@ class NumpyActor:
 
     @classmethod
     def from_ac_state(cls, ac_state: list[np.ndarray], hidden: tuple[int, ...], obs: ObsSpec,
-                      action: ActionSpec) -> NumpyActor:
-        """The actor of a checkpoint's ``ac_state`` (ActorCritic.broadcast_state() as numpy arrays): pi_net's
-        weights, log_std (act_dim,) for a Box, v_net's weights, obs_rms [mean, var, count], ret_rms [mean, var,
-        count], in the layout of actor_critic_state_like(obs, action, hidden); ValueError when they do not fit."""
-        layout = actor_critic_state_like(obs, action, hidden)
+                      action: ActionSpec, shared_torso: bool = False) -> NumpyActor:
+        """The actor of a checkpoint's ``ac_state`` (ActorCritic.broadcast_state() as numpy arrays) in the layout of
+        actor_critic_state_like(obs, action, hidden, shared_torso); ValueError when they do not fit."""
+        layout = actor_critic_state_like(obs, action, hidden, shared_torso)
         arrays = [np.asarray(a) for a in ac_state]
         if [a.shape for a in arrays] != [a.shape for a in layout]:
+            networks = "one shared CNN torso" if shared_torso else "separate policy and value networks"
             raise ValueError(f"checkpoint holds {len(arrays)} arrays that do not fit a policy for observations "
-                             f"{obs.shape}, actions {action.shape} and hidden={hidden}")
-        n_net = len(network_like(obs, hidden, 1))
+                             f"{obs.shape}, actions {action.shape}, hidden={hidden} and {networks}")
+        torso = None
+        if shared_torso:
+            n_torso = len(network_like(obs, hidden, None))
+            torso, arrays = arrays[:n_torso], arrays[n_torso:]
+        n_net = 2 if shared_torso else len(network_like(obs, hidden, 1))
         pi_weights, rest = arrays[:n_net], arrays[n_net:]
         log_std = None if action.discrete else rest.pop(0)
         v_weights, rest = rest[:n_net], rest[n_net:]
@@ -149,7 +175,7 @@ class NumpyActor:
         obs_rms, ret_rms = RunningMeanStd(len(rest[0])), RunningMeanStd(1, clip=1e6)
         for dst, src in zip(obs_rms.arrays() + ret_rms.arrays(), rest, strict=True):
             np.copyto(dst, src)
-        return cls(pi_weights, log_std, v_weights, obs_rms, ret_rms, obs, action)
+        return cls(pi_weights, log_std, v_weights, obs_rms, ret_rms, obs, action, torso)
 
     def act(self, raw_obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False) -> np.ndarray:
         """Actions for raw_obs (N, *obs shape): (N, act_dim) float32 (Box, NOT clipped), (N,) int64 (Discrete) or
@@ -175,7 +201,18 @@ class NumpyActor:
     def act_with_noise(self, raw_obs: np.ndarray, noise: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """act() with its noise given: raw_obs (N, *obs shape), noise (N, ...) rows of exploration_noise(). Writes
         the actions into out (act()'s shapes) when given, and returns them."""
-        policy_out = self._forward(self.pi_weights, raw_obs)
+        return self._sample(self._forward(self.pi_weights, raw_obs), noise, out)
+
+    def act_and_value_with_noise(self, raw_obs: np.ndarray, noise: np.ndarray,
+                                 out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """act_with_noise() and value() of raw_obs (N, *obs shape) from one pass of the shared torso: (actions as
+        act_with_noise gives them, (N,) float32 values in return units). Only for an actor with torso_weights."""
+        features = numpy_cnn_torso(self.torso_weights, raw_obs, self.obs)
+        actions = self._sample(linear(self.pi_weights, features), noise, out)
+        return actions, self._return_units(linear(self.v_weights, features)[:, 0])
+
+    def _sample(self, policy_out: np.ndarray, noise: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """The actions of the policy's outputs (N, n_outputs) with noise from exploration_noise()."""
         if self.std is None:
             return self._choices(policy_out + noise, out)
         return np.add(policy_out, noise, out=out)
@@ -214,13 +251,18 @@ class NumpyActor:
 
     def value(self, raw_obs: np.ndarray) -> np.ndarray:
         """Values of raw_obs (N, *obs shape), (N,) float32 in RETURN units (de-normalized with ret_rms)."""
-        v = self._forward(self.v_weights, raw_obs)[:, 0]
+        return self._return_units(self._forward(self.v_weights, raw_obs)[:, 0])
+
+    def _return_units(self, v: np.ndarray) -> np.ndarray:
+        """The value network's outputs (N,), of the normalized return, in return units (float32)."""
         scale = np.sqrt(self.ret_rms.var[0] + self.ret_rms.epsilon)
         return (v * scale + self.ret_rms.mean[0]).astype(np.float32)
 
     def _forward(self, weights: list[np.ndarray], raw_obs: np.ndarray) -> np.ndarray:
-        """One network on raw observations: images through the CNN (scaled inside), vectors normalized, then
-        through the MLP."""
+        """One network on raw observations: a head on the shared torso's features, images through the CNN (scaled
+        inside), or vectors normalized, then through the MLP."""
+        if self.torso_weights is not None:
+            return linear(weights, numpy_cnn_torso(self.torso_weights, raw_obs, self.obs))
         if self.obs.is_image:
             return numpy_cnn_forward(weights, raw_obs, self.obs)
         return numpy_mlp_forward(weights, self._normalize(raw_obs))

@@ -3,10 +3,11 @@
 import math
 
 import gymnasium
+import keras
 import numpy as np
 import tensorflow as tf
 
-from algos.networks import build_cnn, build_mlp
+from algos.networks import build_cnn, build_cnn_torso, build_head, build_mlp
 from algos.normalizer import RunningMeanStd
 from algos.numpy_actor import NumpyActor
 from algos.spaces import ActionSpec, ObsSpec, action_spec
@@ -18,13 +19,16 @@ class ActorCritic:
     """The learner's networks, built identically on every rank (call keras.utils.set_random_seed before).
 
     Attributes:
-        obs: what the networks read (algos.spaces.ObsSpec): vectors (an MLP each) or images (a CNN each).
+        obs: what the networks read (algos.spaces.ObsSpec): vectors (an MLP each) or images (a CNN each, or one CNN
+            torso that both heads share: ``shared_torso``).
+        shared_torso: images only: pi_net and v_net are linear heads (pi_head, v_head) on one CNN torso (torso), as
+            in the PPO paper's Atari networks; forward() runs the torso once for both.
         action: how the policy acts (algos.spaces.ActionSpec).
         is_discrete: True for categorical actions (Discrete, MultiDiscrete, MultiBinary), False for a Box (diagonal
             Gaussian).
         act_dim: the policy's outputs: the action dimension (Box) or the logits of every categorical.
         pi_net: normalize_obs(obs) (N, ...) -> mean (Box) or logits (N, act_dim); output gain 0.01 so the initial
-            policy is near uniform / centred.
+            policy is near uniform / centred. With a shared torso, the torso then pi_head.
         log_std: (act_dim,) state-independent log standard deviation (Box), None for categoricals.
         v_net: normalize_obs(obs) (N, ...) -> (N, 1) value of the NORMALIZED return (see ret_rms).
         obs_rms: (obs_dim,) observation statistics, owned by rank 0 (one placeholder dimension for images).
@@ -39,6 +43,7 @@ class ActorCritic:
         action_space: gymnasium.spaces.Space | ActionSpec,
         hidden: tuple[int, ...],
         init_log_std: float = 0.0,
+        shared_torso: bool = False,
     ) -> None:
         self.obs = observation if isinstance(observation, ObsSpec) else ObsSpec((int(observation),))
         try:
@@ -49,7 +54,17 @@ class ActorCritic:
         self.act_dim = self.action.n_outputs
         # Images are scaled inside the network, not normalized: their statistics would cost a float per pixel.
         self.obs_dim = 1 if self.obs.is_image else self.obs.shape[0]
-        if self.obs.is_image:
+        if shared_torso and not self.obs.is_image:
+            raise ValueError("a shared torso is a CNN's: observations must be images")
+        self.shared_torso = shared_torso
+        if shared_torso:
+            self.torso = build_cnn_torso(self.obs)
+            self.pi_head, self.v_head = build_head(self.act_dim, output_gain=0.01), build_head(1, output_gain=1.0)
+            inputs = keras.Input(shape=self.obs.shape, dtype="uint8")
+            features = self.torso(inputs)
+            self.pi_net = keras.Model(inputs, self.pi_head(features))
+            self.v_net = keras.Model(inputs, self.v_head(features))
+        elif self.obs.is_image:
             self.pi_net = build_cnn(self.obs, self.act_dim, output_gain=0.01)
             self.v_net = build_cnn(self.obs, 1, output_gain=1.0)
         else:
@@ -77,7 +92,7 @@ class ActorCritic:
             self.obs_rms.update(obs)
 
     def policy_variables(self) -> list[tf.Variable]:
-        """pi_net weights [W0, b0, ...] then log_std (Box only)."""
+        """pi_net weights [W0, b0, ...] then log_std (Box only); with a shared torso they include the torso's."""
         # Keras 3 weights wrap a tf.Variable; handing out the wrapped object gives callers a real tf.Variable
         # whose assign() changes the model itself.
         variables = [w.value for w in self.pi_net.weights]
@@ -90,8 +105,13 @@ class ActorCritic:
         return [w.value for w in self.v_net.weights]
 
     def variables(self) -> list[tf.Variable]:
-        """pi_net.weights + [log_std] (if Box) + v_net.weights, in this fixed order."""
-        return self.policy_variables() + self.value_variables()
+        """Every trained variable once, in this fixed order: pi_net.weights + [log_std] (if Box) + v_net.weights; with
+        a shared torso, torso.weights + pi_head.weights + [log_std] + v_head.weights."""
+        if not self.shared_torso:
+            return self.policy_variables() + self.value_variables()
+        log_std = [] if self.log_std is None else [self.log_std]
+        return [w.value for w in self.torso.weights + self.pi_head.weights] + log_std + [w.value for w in
+                                                                                         self.v_head.weights]
 
     def broadcast_state(self) -> list:
         """What rank 0 broadcasts each iteration: variables() + obs_rms.arrays() + ret_rms.arrays()."""
@@ -99,15 +119,25 @@ class ActorCritic:
 
     def numpy_actor(self) -> NumpyActor:
         """A snapshot copy of the current weights and of both normalizers, for acting in numpy."""
+        pi_net, v_net = (self.pi_head, self.v_head) if self.shared_torso else (self.pi_net, self.v_net)
         return NumpyActor(
-            pi_weights=[w.numpy() for w in self.pi_net.weights],
+            pi_weights=[w.numpy() for w in pi_net.weights],
             log_std=None if self.log_std is None else self.log_std.numpy(),
-            v_weights=[w.numpy() for w in self.v_net.weights],
+            v_weights=[w.numpy() for w in v_net.weights],
             obs_rms=self.obs_rms.copy(),
             ret_rms=self.ret_rms.copy(),
             obs=self.obs,
             action=self.action,
+            torso_weights=[w.numpy() for w in self.torso.weights] if self.shared_torso else None,
         )
+
+    def forward(self, obs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """The policy's outputs (N, act_dim), means or logits, and the values (N,) of the normalized return, with one
+        pass of the torso when it is shared."""
+        if not self.shared_torso:
+            return self.pi_net(obs), self.v_net(obs)[:, 0]
+        features = self.torso(obs)
+        return self.pi_head(features), self.v_head(features)[:, 0]
 
     def dist_params(self, obs: tf.Tensor) -> tf.Tensor:
         """Parameters of the action distribution, (N, P): logits (N, act_dim) for Discrete,
@@ -119,7 +149,10 @@ class ActorCritic:
 
     def log_prob(self, obs: tf.Tensor, act: tf.Tensor) -> tf.Tensor:
         """log pi(act | obs), (N,); act (N, act_dim) float32 (Box) or (N,) int64 (Discrete)."""
-        out = self.pi_net(obs)
+        return self.log_prob_of(self.pi_net(obs), act)
+
+    def log_prob_of(self, out: tf.Tensor, act: tf.Tensor) -> tf.Tensor:
+        """log_prob() from the policy's outputs out (N, act_dim), as forward() gives them."""
         if self._splits is not None:
             return tf.add_n([tf.gather(tf.nn.log_softmax(logits), act[:, i], batch_dims=1)
                              for i, logits in enumerate(tf.split(out, self._splits, axis=1))])
@@ -135,11 +168,16 @@ class ActorCritic:
 
     def entropy(self, obs: tf.Tensor) -> tf.Tensor:
         """Entropy of pi(. | obs), (N,)."""
+        return self.entropy_of(self.pi_net(obs) if self.log_std is None else obs)
+
+    def entropy_of(self, out: tf.Tensor) -> tf.Tensor:
+        """entropy() from the policy's outputs out (N, act_dim), as forward() gives them (for a Box, any tensor of N
+        rows: a Gaussian's entropy does not depend on the state)."""
         if self.log_std is None:
-            logps = [tf.nn.log_softmax(logits) for logits in self._categoricals(self.pi_net(obs))]
+            logps = [tf.nn.log_softmax(logits) for logits in self._categoricals(out)]
             return tf.add_n([-tf.reduce_sum(tf.exp(logp) * logp, axis=1) for logp in logps])
         per_state = tf.reduce_sum(self.log_std) + 0.5 * self.act_dim * (1.0 + _LOG_2PI)
-        return tf.fill([tf.shape(obs)[0]], per_state)
+        return tf.fill([tf.shape(out)[0]], per_state)
 
     def kl(self, old_params: tf.Tensor, obs: tf.Tensor) -> tf.Tensor:
         """Mean over the batch of KL(old || new), a scalar; old_params (N, P) from dist_params."""

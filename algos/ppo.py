@@ -29,13 +29,14 @@ class PPOConfig:
     """Passes over the batch per update (fewer when target_kl stops them early)."""
     minibatch_size: int = _DEFAULTS["minibatch_size"]
     """Rows per gradient step; the last minibatch of an epoch holds the remainder."""
-    clip_ratio: float = 0.2
-    """The probability ratio is clipped to [1 - clip_ratio, 1 + clip_ratio] in the surrogate."""
+    clip_ratio: float = _DEFAULTS["clip_ratio"]
+    """The probability ratio is clipped to [1 - clip_ratio, 1 + clip_ratio] in the surrogate (set_clip_ratio changes
+    it between updates)."""
     target_kl: float | None = _DEFAULTS["kl_targ"]
-    """Early-stop epochs when an epoch's mean approx KL exceeds 1.5 * target_kl; None never stops early."""
-    vf_coef: float = 0.5
+    """Early-stop epochs when an epoch's mean approx KL exceeds 1.5 * target_kl; None or 0 never stops early."""
+    vf_coef: float = _DEFAULTS["vf_coef"]
     """Weight of the value loss (mean squared error on normalized returns) in the total loss."""
-    ent_coef: float = 0.0
+    ent_coef: float = _DEFAULTS["ent_coef"]
     """Weight of the entropy bonus subtracted from the total loss."""
     max_grad_norm: float = 0.5
     """Gradients are rescaled so their global norm is at most this."""
@@ -53,6 +54,8 @@ class PPO:
         # Adam in float32 with the epsilon of the PPO reference implementations; its slots exist from here on, so a
         # resumed run can set them before its first update.
         self.optimizer = FusedAdam(self._variables, learning_rate=cfg.lr, epsilon=1e-5)
+        # A variable, so that a schedule changes it between updates without tracing the steps again.
+        self.clip_ratio = tf.Variable(cfg.clip_ratio, dtype=tf.float32, trainable=False, name="clip_ratio")
         obs_spec, act_spec = batch_specs(ac)
         params_spec = tf.TensorSpec([None, None], tf.float32)
         self._old_policy = tf.function(self._old_policy_fn, input_signature=[obs_spec, act_spec])
@@ -66,6 +69,10 @@ class PPO:
     def set_learning_rate(self, lr: float) -> None:
         """Adam's learning rate for the next updates (a schedule sets it before each update)."""
         self.optimizer.learning_rate.assign(lr)
+
+    def set_clip_ratio(self, clip_ratio: float) -> None:
+        """The clip range of the next updates (a schedule sets it before each update)."""
+        self.clip_ratio.assign(clip_ratio)
 
     def update(
         self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray,
@@ -96,7 +103,7 @@ class PPO:
             pi_loss, v_loss, entropy, approx_kl, clip_frac = (epoch_sums / float(minibatches)).numpy()
             sums += [pi_loss, v_loss, entropy, clip_frac]
             epochs += 1
-            if self.cfg.target_kl is not None and approx_kl > 1.5 * self.cfg.target_kl:
+            if self.cfg.target_kl and approx_kl > 1.5 * self.cfg.target_kl:
                 break
         kl = float(self._batch_kl(old_params, batch.obs))
         # After the update, so the next iteration's actors normalize with statistics that include this batch.
@@ -166,14 +173,15 @@ class PPO:
         """One Adam step on the rows idx (M,) of the full-batch tensors; returns the statistics
         [pi_loss, v_loss, entropy, approx_kl, clip_frac] (5,) measured before the step."""
         obs, act, adv, v_target, old_logp = (tf.gather(x, idx) for x in (obs, act, adv, v_target, old_logp))
-        clip = self.cfg.clip_ratio
+        clip = self.clip_ratio
         with tf.GradientTape() as tape:
-            log_ratio = self.ac.log_prob(obs, act) - old_logp
+            policy_out, value = self.ac.forward(obs)  # one pass of a shared torso for both heads
+            log_ratio = self.ac.log_prob_of(policy_out, act) - old_logp
             ratio = tf.exp(log_ratio)
             surrogate = tf.minimum(ratio * adv, tf.clip_by_value(ratio, 1.0 - clip, 1.0 + clip) * adv)
             pi_loss = -tf.reduce_mean(surrogate)
-            v_loss = tf.reduce_mean(tf.square(self.ac.value(obs) - v_target))
-            entropy = tf.reduce_mean(self.ac.entropy(obs))
+            v_loss = tf.reduce_mean(tf.square(value - v_target))
+            entropy = tf.reduce_mean(self.ac.entropy_of(policy_out))
             loss = pi_loss + self.cfg.vf_coef * v_loss - self.cfg.ent_coef * entropy
         grads = tape.gradient(loss, self._variables)
         grads, _ = tf.clip_by_global_norm(grads, self.cfg.max_grad_norm)
@@ -189,6 +197,8 @@ class PPO:
 
 
 def from_config(ac: ActorCritic, config: "TrainConfig") -> PPO:
-    """train.py's PPO (algos.registry): --lr, --epochs, --minibatch_size, --kl_targ (target_kl) and --seed."""
+    """train.py's PPO (algos.registry): --lr, --epochs, --minibatch_size, --kl_targ (target_kl), --clip_ratio,
+    --ent_coef, --vf_coef and --seed."""
     return PPO(ac, PPOConfig(lr=config.lr, epochs=config.epochs, minibatch_size=config.minibatch_size,
-                             target_kl=config.kl_targ), seed=config.seed)
+                             clip_ratio=config.clip_ratio, target_kl=config.kl_targ, vf_coef=config.vf_coef,
+                             ent_coef=config.ent_coef), seed=config.seed)

@@ -2,9 +2,10 @@
 
 Adding an algorithm is one new module in algos/ and one line in ALGORITHMS: the module holds a class that satisfies
 ``Algorithm`` and a function ``f(ac: ActorCritic, config: TrainConfig) -> Algorithm`` that builds it; the line names
-that function and gives the defaults of the train.py options the algorithm reads (--lr, --kl_targ, ...). train.py's
---algo choices, those options' defaults and their --help, and rank 0's learner all come from ALGORITHMS; the
-algorithm's own configuration class takes its defaults from here too, so that each is written once.
+that function and gives the defaults of the train.py options the algorithm reads (--lr, --kl_targ, ...), and, per
+family of envs (algos.spaces.env_family: Atari), the defaults that replace them there, with the batch's layout for
+that family. train.py's --algo choices, those options' defaults and their --help, and rank 0's learner all come from
+ALGORITHMS; the algorithm's own configuration class takes its defaults from here too, so that each is written once.
 
 This module imports neither TensorFlow nor the algorithms: an algorithm's module is imported by name when rank 0
 builds its learner, so that the launcher, the rollout workers and --play stay numpy only.
@@ -13,7 +14,7 @@ builds its learner, so that the launcher, the rollout workers and --play stay nu
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -64,7 +65,19 @@ class AlgorithmSpec:
     defaults: dict[str, Any]
     """The TrainConfig fields the algorithm reads besides seed, with their defaults (what --help shows and
     config.json records when an option is not given). With "lr_schedule", train.py sets the learning rate before
-    every update (set_learning_rate) as --lr_schedule says. An option the algorithm does not read is refused."""
+    every update (set_learning_rate) as --lr_schedule says; with "clip_schedule" the algorithm also has
+    set_clip_ratio(clip_ratio: float), which train.py calls before every update as --clip_schedule says. An option the
+    algorithm does not read is refused."""
+    families: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per family of envs (algos.spaces.env_family's names), the defaults that replace ``defaults`` there, and
+    TrainConfig's batch_size and ENVS_IN_ALL (the envs of all processes together, which sets --envs_per_rank) for
+    that family. A setting the user gives wins over both."""
+    shares_image_torso: bool = False
+    """Whether its image policies have one CNN torso under the policy and value heads (else two CNNs)."""
+
+    def defaults_for(self, family: str | None) -> dict[str, Any]:
+        """The defaults of an env of ``family`` (None: no family): ``defaults`` with the family's replacing them."""
+        return {**self.defaults, **self.families.get(family or "", {})}
 
     def build(self, ac: ActorCritic, config: TrainConfig) -> Algorithm:
         """The algorithm for ``ac`` and ``config`` (imports its module, and TensorFlow with it)."""
@@ -72,9 +85,37 @@ class AlgorithmSpec:
         return getattr(importlib.import_module(module), function)(ac, config)
 
 
+ENVS_IN_ALL = "envs_in_all"
+"""A family's key for its envs over all processes: --envs_per_rank defaults to max(1, that // --nprocs), so that
+--batch_size / (--nprocs x --envs_per_rank) steps per env and iteration (the horizon GAE sees) stays the family's
+whatever the process count divides it into (8 envs of 128 steps: 4 per process at --nprocs 2, 1 at 8)."""
+
+# The Atari work of the PPO paper (Schulman et al. 2017, table 5) as rl-baselines3-zoo's hyperparams/ppo.yml gives it
+# for every ALE game: 8 envs x 128 steps, 4 epochs of 256 rows, lr 2.5e-4 and clip 0.1 both decayed linearly to 0,
+# entropy 0.01, value coefficient 0.5, no KL early stop (kl_targ 0). CleanRL's ppo_atari.py is the same but keeps
+# the clip constant.
+_ATARI_BATCH = {"batch_size": 1024, ENVS_IN_ALL: 8}
+
 ALGORITHMS: dict[str, AlgorithmSpec] = {
-    "ppo": AlgorithmSpec("algos.ppo:from_config", {"lr": 3e-4, "lr_schedule": "linear", "epochs": 10,
-                                                   "minibatch_size": 64, "kl_targ": 0.02}),
-    "trpo": AlgorithmSpec("algos.trpo:from_config", {"lr": 1e-3, "minibatch_size": 64, "kl_targ": 0.01}),
+    "ppo": AlgorithmSpec(
+        "algos.ppo:from_config",
+        {"lr": 3e-4, "lr_schedule": "linear", "epochs": 10, "minibatch_size": 64, "kl_targ": 0.02,
+         "clip_ratio": 0.2, "clip_schedule": "constant", "ent_coef": 0.0, "vf_coef": 0.5},
+        families={"atari": {**_ATARI_BATCH, "lr": 2.5e-4, "epochs": 4, "minibatch_size": 256, "kl_targ": 0.0,
+                            "clip_ratio": 0.1, "clip_schedule": "linear", "ent_coef": 0.01}},
+        # One torso, as the PPO paper's Atari networks, baselines, SB3 and CleanRL have it: half the update's
+        # arithmetic and half the workers' forward passes of two CNNs (benchmarks/README.md, section Pixels).
+        shares_image_torso=True),
+    # TRPO keeps two networks: its natural-gradient step is a trust region over the policy's parameters alone, and a
+    # torso shared with the value function would move the policy outside it (baselines' trpo_mpi copies the network
+    # for its value function too). On Atari it takes the family's batch, its own settings otherwise.
+    "trpo": AlgorithmSpec("algos.trpo:from_config", {"lr": 1e-3, "minibatch_size": 64, "kl_targ": 0.01},
+                          families={"atari": dict(_ATARI_BATCH)}),
 }
 """train.py's --algo NAME -> how to build that algorithm."""
+
+
+def shares_torso(algo: str, is_image: bool) -> bool:
+    """Whether the actor-critic of ``algo`` (an ALGORITHMS key) on image (``is_image``) or vector observations has one
+    CNN torso under both heads: the layout rank 0 builds, the workers receive into, and --play reads."""
+    return is_image and ALGORITHMS[algo].shares_image_torso

@@ -44,6 +44,9 @@ class _Steps:
     """Lengths of the episodes that finished."""
     steps_of_env: list[int]
     """Per env, its steps in this collect."""
+    values: np.ndarray | None
+    """(rows, K) float32 values of obs[t, k] in return units, found while acting when the actor's policy and value
+    share a torso (one pass gives both); None when the value network runs apart, in one batched call afterwards."""
 
 
 class RolloutWorker:
@@ -156,13 +159,18 @@ class RolloutWorker:
         # costs as much as the policy's forward pass at one row per step.
         low, high = (None, None) if self.is_discrete else (space.low, space.high)
         atari, lives = self.atari, self._lives
+        values = np.empty((longest, n_envs), dtype=np.float32) if actor.torso_weights is not None else None
 
         rows, last_active = 0, n_envs
         for t, (active, noise) in enumerate(self._lockstep_rows(n_steps, take, actor, rng)):
             # The envs that step in row t are a prefix; only the last row can leave some out.
             rows, last_active = t + 1, active
             heartbeat()  # ranks waiting for this one see it advance
-            actions = actor.act_with_noise(obs[t, :active], noise, out=act[t, :active])
+            if values is None:
+                actions = actor.act_with_noise(obs[t, :active], noise, out=act[t, :active])
+            else:
+                actions, values[t, :active] = actor.act_and_value_with_noise(obs[t, :active], noise,
+                                                                             out=act[t, :active])
             if not self.is_discrete:
                 env_actions = np.minimum(np.maximum(actions, low), high)
             else:  # Python ints for Discrete; MultiDiscrete and MultiBinary take their rows
@@ -199,7 +207,7 @@ class RolloutWorker:
                         lives[k] = self.envs[k].unwrapped.ale.lives()
         steps_of_env = [rows if k < last_active else rows - 1 for k in range(n_envs)]
         return _Steps(obs, act, rewards, episode_ends, truncated_steps, truncated_obs, ep_return, ep_length,
-                      ep_returns, ep_lengths, steps_of_env)
+                      ep_returns, ep_lengths, steps_of_env, values)
 
     def _bootstrap(self, steps: _Steps, env_obs: list[np.ndarray],
                    actor: NumpyActor) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -208,12 +216,16 @@ class RolloutWorker:
         from. env_obs[k]: env k's (n_k, obs_dim) observations."""
         n_envs, steps_of_env = len(self.envs), steps.steps_of_env
         # One batched value call for the whole collect: per-step calls would dominate the step loop. Rows: every
-        # env's steps, then every env's truncated final observations, then the observations that go on.
+        # env's steps (found while acting, when the torso is shared), then every env's truncated final observations,
+        # then the observations that go on.
         cut_by_batch = [n > 0 and not steps.episode_ends[n - 1, k] for k, n in enumerate(steps_of_env)]
-        value_inputs = list(env_obs)
-        value_inputs += [o[None] for k in range(n_envs) for o in steps.truncated_obs[k]]
-        value_inputs += [self._obs[k : k + 1] for k in range(n_envs) if cut_by_batch[k]]
-        all_values = actor.value(np.concatenate(value_inputs, axis=0))
+        final_obs = [o[None] for k in range(n_envs) for o in steps.truncated_obs[k]]
+        final_obs += [self._obs[k : k + 1] for k in range(n_envs) if cut_by_batch[k]]
+        if steps.values is None:
+            all_values = actor.value(np.concatenate(env_obs + final_obs, axis=0))
+        else:
+            all_values = np.concatenate([steps.values[:n, k] for k, n in enumerate(steps_of_env)]
+                                        + ([actor.value(np.concatenate(final_obs, axis=0))] if final_obs else []))
         first_value = np.cumsum([0, *steps_of_env])
         next_truncated = sum(steps_of_env)
         next_cut = next_truncated + sum(len(truncated) for truncated in steps.truncated_steps)

@@ -66,6 +66,14 @@ def conv_layers(image_shape: tuple[int, ...]) -> tuple[tuple[tuple[int, int, int
     return ((16, 3, 1),), 128
 
 
+def network_kind(obs: ObsSpec) -> str:
+    """The kind of network that reads ``obs``: "mlp" for vectors, "nature_cnn" or "small_cnn" (conv_layers) for
+    images."""
+    if not obs.is_image:
+        return "mlp"
+    return "nature_cnn" if len(conv_layers(obs.shape)[0]) > 1 else "small_cnn"
+
+
 def _one_line(space: Any) -> str:
     """A space as one line (numpy prints a 2-D array over several)."""
     return " ".join(str(space).split())
@@ -137,6 +145,18 @@ def register_namespace(env_id: str) -> None:
                          "checkout") from None
     if register is not None:
         getattr(package, register)()
+
+
+FAMILY_NAMES = {"atari": "Atari"}
+"""env_family's names -> how --help names them."""
+
+
+def env_family(env_id: str) -> str | None:
+    """The family of envs ``env_id`` belongs to, whose defaults algos.registry keeps (its key in FAMILY_NAMES), or
+    None: "atari" for an ALE game, which make_env preprocesses as algos.atari says."""
+    from algos.atari import is_atari
+
+    return "atari" if is_atari(env_id) else None
 
 
 def make_env(env_id: str, **kwargs: Any) -> Any:

@@ -1,5 +1,11 @@
-"""Rank 0's PPO update alone, side by side with each speed lever turned off (benchmarks/README.md, section
-update.py).
+"""Rank 0's PPO update alone, side by side with each speed lever turned off, or (--kernels) with each choice of
+TensorFlow's kernels and threads per kind of network (benchmarks/README.md, section update.py).
+
+--kernels NETWORK times the four choices of intra-op threads (1 or the CPUs) and TF_ENABLE_ONEDNN_OPTS (0 or 1) on
+one kind of network, each on the work train.py gives it by default: walker2d (64x64 MLPs, 2,048 rows, 10 epochs of
+64), minatar (the one-layer CNN of MinAtar's 10x10x4 boards, the same work) or pong (the Nature CNN on 84x84x4
+frames, the Atari work: 1,024 rows, 4 epochs of 256); the image networks with one shared torso, and with two CNNs
+under --torso separate.
 
 Every variant runs in its own process: Walker2d-v5's ActorCritic, PPO with the default hyperparameters but
 target_kl=None (every update runs all 10 epochs), one fixed batch of 2,048 random rows; two warm-up updates, then the
@@ -55,6 +61,27 @@ def turn_off(lever: str) -> None:
         algos.ppo.PPO._train_steps_fn = steps
 
 
+def image_ppo(network: str, shared_torso: bool) -> tuple[Any, tuple]:
+    """PPO on an image ActorCritic with train.py's defaults for that env (``network``: minatar or pong, see --kernels)
+    but target_kl=None, seed 0, and the fixed batch of random images and actions it is timed on."""
+    import keras
+    import numpy as np
+
+    from algos import PPO, ActorCritic, PPOConfig
+    from algos.spaces import ActionSpec, ObsSpec
+
+    keras.utils.set_random_seed(0)
+    obs, actions = (ObsSpec((84, 84, 4), 1 / 255), 6) if network == "pong" else (ObsSpec((10, 10, 4)), 3)
+    ac = ActorCritic(obs, ActionSpec((), (actions,)), hidden=(64, 64), shared_torso=shared_torso)
+    rows, work = (1024, {"epochs": 4, "minibatch_size": 256}) if network == "pong" else (2048, {})
+    ppo = PPO(ac, PPOConfig(target_kl=None, **work), seed=0)
+    rng = np.random.default_rng(0)
+    high = 256 if network == "pong" else 2
+    batch = (rng.integers(0, high, (rows, *obs.shape), dtype=np.uint8), rng.integers(0, actions, rows),
+             rng.normal(size=rows), rng.normal(size=rows))
+    return ppo, batch
+
+
 def walker2d_ppo() -> tuple[Any, tuple]:
     """PPO with the default hyperparameters but target_kl=None on Walker2d-v5's ActorCritic (17 observations, 6
     actions), seed 0, and the fixed batch it is timed on: (obs (2048, 17) float32, act (2048, 6) float32, adv (2048,),
@@ -75,7 +102,7 @@ def walker2d_ppo() -> tuple[Any, tuple]:
     return ppo, batch
 
 
-def child(intra_threads: int, lever: str, updates: int) -> None:
+def child(intra_threads: int, lever: str, updates: int, network: str, shared_torso: bool) -> None:
     """Time ``updates`` PPO updates, back to back; print {"t_update": [s, ...]} as JSON. TF_ENABLE_ONEDNN_OPTS is in
     the environment already; TensorFlow's threads are set as train.py sets them (inter-op min(2, CPUs), deterministic
     ops)."""
@@ -87,7 +114,7 @@ def child(intra_threads: int, lever: str, updates: int) -> None:
     tf.config.experimental.enable_op_determinism()
     if lever not in ("", "intra_all", "onednn_on"):
         turn_off(lever)
-    ppo, batch = walker2d_ppo()
+    ppo, batch = walker2d_ppo() if network == "walker2d" else image_ppo(network, shared_torso)
     for _ in range(2):
         ppo.update(*batch)
     times = []
@@ -98,12 +125,13 @@ def child(intra_threads: int, lever: str, updates: int) -> None:
     print(json.dumps({"t_update": times}))
 
 
-def run_variant(name: str, lever: str, intra: int, onednn: str, updates: int) -> dict[str, Any]:
+def run_variant(name: str, lever: str, intra: int, onednn: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn}
     load = load_average()
     result = subprocess.run(
-        [sys.executable, __file__, "--child", "--intra", str(intra), "--lever", lever, "--updates", str(updates)],
-        capture_output=True, text=True, env=env, timeout=600, check=False)
+        [sys.executable, __file__, "--child", "--intra", str(intra), "--lever", lever, "--updates", str(args.updates),
+         "--kernels", args.kernels or "walker2d", "--torso", args.torso],
+        capture_output=True, text=True, env=env, timeout=1800, check=False)
     if result.returncode != 0:
         raise SystemExit(f"update.py: {name} failed:\n{result.stderr[-3000:]}")
     times = json.loads(result.stdout.strip().splitlines()[-1])["t_update"]
@@ -116,6 +144,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--updates", type=int, default=10, help="timed updates per run (default: %(default)s)")
     parser.add_argument("--levers", default=",".join(LEVERS),
                         help="comma-separated levers to turn off one at a time, or '' (default: all)")
+    parser.add_argument("--kernels", choices=("walker2d", "minatar", "pong"),
+                        help="time the kernel choices (threads x oneDNN) on this kind of network instead of the levers")
+    parser.add_argument("--torso", choices=("shared", "separate"), default="shared",
+                        help="with --kernels minatar or pong: one CNN torso under both heads, or two CNNs "
+                             "(default: %(default)s)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--intra", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--lever", default="", help=argparse.SUPPRESS)
@@ -125,7 +158,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     if args.child:
-        child(args.intra, args.lever, args.updates)
+        child(args.intra, args.lever, args.updates, args.kernels, args.torso == "shared")
         return 0
     levers = [lever for lever in args.levers.split(",") if lever]
     unknown = sorted(set(levers) - set(LEVERS))
@@ -137,9 +170,12 @@ def main() -> int:
     # (name, lever turned off, intra-op threads, TF_ENABLE_ONEDNN_OPTS)
     variants = [("now", "", 1, "0")] + [(LABELS[lever], lever, cpus if lever == "intra_all" else 1,
                                          "1" if lever == "onednn_on" else "0") for lever in levers]
+    if args.kernels:
+        variants = [("now" if (intra, onednn) == (1, "0") else f"{intra} thread(s), oneDNN {onednn}", "", intra, onednn)
+                    for intra in (1, cpus) for onednn in ("0", "1")]
     for repeat in range(args.repeats):
         for name, lever, intra, onednn in variants if repeat % 2 == 0 else variants[::-1]:
-            run = {**run_variant(name, lever, intra, onednn, args.updates), "repeat": repeat}
+            run = {**run_variant(name, lever, intra, onednn, args), "repeat": repeat}
             runs.append(run)
             print(f"repeat {repeat} {name}: t_update {run['t_update_s'] * 1000:.1f} ms", flush=True)
     for run in runs:
@@ -153,9 +189,13 @@ def main() -> int:
                      ", ".join(f"{r['ratio_to_now']:.2f}" for r in mine)])
     text = table(["variant", "intra-op threads", "TF_ENABLE_ONEDNN_OPTS", "t_update (ms, median)",
                   "t_update / now (per repeat)"], rows)
-    about = (f"- each run: PPO update of Walker2d's ActorCritic on a fixed 2,048-row batch, 10 epochs x 32 "
-             f"minibatches, target_kl off; median of {args.updates} updates after 2 warm-up ones, back to back; "
-             f"{args.repeats} interleaved repeats")
+    work = ("a fixed 1,024-row batch, 4 epochs x 4 minibatches of 256" if args.kernels == "pong"
+            else "a fixed 2,048-row batch, 10 epochs x 32 minibatches")
+    network = {None: "Walker2d's ActorCritic", "walker2d": "Walker2d's ActorCritic",
+               "minatar": f"MinAtar's CNN ActorCritic ({args.torso} torso)",
+               "pong": f"the Nature CNN ActorCritic on 84x84x4 ({args.torso} torso)"}[args.kernels]
+    about = (f"- each run: PPO update of {network} on {work}, target_kl off; median of {args.updates} updates after 2 "
+             f"warm-up ones, back to back; {args.repeats} interleaved repeats")
     loads = ", ".join(f"r{r['repeat']} {r['variant']}: {r['load_before']:.2f}" for r in runs)
     write_results(args.out, runs, text, time.monotonic() - started, loads, [about])
     return 0

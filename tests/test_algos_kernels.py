@@ -55,3 +55,24 @@ def test_numpy_openblas_runs_the_pinned_kernels():
     if pinned == "None":
         pytest.skip("not an x86-64 CPU with AVX2 and FMA: OpenBLAS keeps its own choice")
     assert running == pinned == "Haswell"
+
+
+@pytest.mark.parametrize(("network", "policy_lag", "threads", "onednn"), [
+    ("mlp", 0, 1, "0"), ("small_cnn", 0, 1, "1"), ("nature_cnn", 0, 8, "1"),
+    # Under --policy_lag 1 the 3 other processes on rank 0's host roll out during the update: a CPU each.
+    ("nature_cnn", 1, 5, "1"), ("mlp", 1, 1, "0")])
+def test_rank0_threads_and_kernels_follow_the_network_and_the_cpus(monkeypatch, network, policy_lag, threads, onednn):
+    from trainer.kernels import rank0_tensorflow_kernels
+
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    chosen = rank0_tensorflow_kernels(network, cpus=8, policy_lag=policy_lag, ranks_on_host=4)
+    assert chosen == {"tf_intra_op_threads": threads, "tf_inter_op_threads": 2, "tf_enable_onednn_opts": onednn}
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")  # the user's choice wins
+    assert rank0_tensorflow_kernels(network, 8, policy_lag, 4)["tf_enable_onednn_opts"] == "0"
+
+
+def test_each_observation_gets_its_kind_of_network():
+    from algos.spaces import ObsSpec, network_kind
+
+    assert [network_kind(ObsSpec(shape)) for shape in [(17,), (10, 10, 4), (84, 84, 4)]] == \
+        ["mlp", "small_cnn", "nature_cnn"]

@@ -235,20 +235,35 @@ def test_numpy_cnn_agrees_with_tensorflow_on_uint8_images(obs):
     assert np.abs(expected).max() > 1e-2  # not all zeros by dead units
 
 
+@pytest.mark.parametrize("shared_torso", [True, False], ids=["shared", "separate"])
 @pytest.mark.parametrize("obs", IMAGES, ids=["nature", "minatar"])
 @pytest.mark.parametrize("space", SPACES, ids=SPACE_IDS)
-def test_image_policies_worker_state_and_actor_agree_with_the_learner(obs, space):
+def test_image_policies_worker_state_and_actor_agree_with_the_learner(obs, space, shared_torso):
     keras.utils.set_random_seed(1)
-    ac = ActorCritic(obs, space, hidden=(64, 64))
+    ac = ActorCritic(obs, space, hidden=(64, 64), shared_torso=shared_torso)
     learner = [np.asarray(v) for v in ac.broadcast_state()]
-    worker = actor_critic_state_like(obs, action_spec(space), (64, 64))
+    worker = actor_critic_state_like(obs, action_spec(space), (64, 64), shared_torso)
     assert [(a.shape, a.dtype) for a in worker] == [(a.shape, a.dtype) for a in learner]
+    # One torso: each variable once, the update's single Adam over them all.
+    assert len({id(v) for v in ac.variables()}) == len(ac.variables())
     images = np.random.default_rng(1).integers(0, 2, size=(7, *obs.shape), dtype=np.uint8)
-    actor = NumpyActor.from_ac_state(learner, (64, 64), obs, action_spec(space))
+    actor = NumpyActor.from_ac_state(learner, (64, 64), obs, action_spec(space), shared_torso)
     act = actor.act(images, np.random.default_rng(0))
     np.testing.assert_allclose(actor.log_prob(images, act), ac.log_prob(tf.constant(images), tf.constant(act)).numpy(),
                                rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(actor.value(images), ac.value(tf.constant(images)).numpy(), rtol=1e-4, atol=1e-4)
+    policy_out, value = ac.forward(tf.constant(images))  # the update's one pass gives what the two nets give
+    np.testing.assert_allclose(value.numpy(), ac.value(tf.constant(images)).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(ac.log_prob_of(policy_out, tf.constant(act)).numpy(),
+                               ac.log_prob(tf.constant(images), tf.constant(act)).numpy(), rtol=1e-6)
+    if shared_torso:  # a rollout's step: actions and values from one pass of the torso, as the two calls give them
+        noise = actor.exploration_noise(np.random.default_rng(2), 7)
+        actions, values = actor.act_and_value_with_noise(images, noise)
+        np.testing.assert_array_equal(actions, actor.act_with_noise(images, noise))
+        np.testing.assert_array_equal(values, actor.value(images))
+    other_layout = "separate" if shared_torso else "one shared"
+    with pytest.raises(ValueError, match=f"do not fit a policy .* and {other_layout}"):
+        NumpyActor.from_ac_state(learner, (64, 64), obs, action_spec(space), not shared_torso)
 
 
 def test_log_prob_entropy_kl_of_several_categoricals_are_sums_over_them():

@@ -174,6 +174,7 @@ def test_rank_0_threads_and_config_follow_the_cpus_taskset_gives(tmp_path):
     config = run_config(tmp_path, ["taskset", "-c", "0"])
     assert config["job_cpus"] == 1 and config["rank0_cpus"] == 1, config
     assert config["tf_intra_op_threads"] == 1 and config["tf_inter_op_threads"] == 1, config
+    assert config["tf_enable_onednn_opts"] == "0", config  # an MLP: TensorFlow's own kernels (trainer.kernels)
     assert list(config["job_cpus_per_host"].values()) == [1], config
     assert config["worker_omp_threads"] == "1", config
 

@@ -91,16 +91,58 @@ def test_help_shows_each_default_from_its_one_source():
             blocks.append(line.strip())
         elif line.startswith("    ") and blocks:
             blocks[-1] += " " + line.strip()
+    atari = {algo: spec.families["atari"] for algo, spec in ALGORITHMS.items()}
     for field in option_fields():
         owners = {algo: spec.defaults[field.name] for algo, spec in ALGORITHMS.items() if field.name in spec.defaults}
         if owners:
-            shown = ", ".join(f"{algo} {value}" for algo, value in owners.items())
+            shown = "; ".join(f"{algo} {value}" + (f", Atari {atari[algo][field.name]}"
+                                                   if atari[algo].get(field.name, value) != value else "")
+                              for algo, value in owners.items())
         elif field.default in (None, False):
             continue
         else:
             shown = ",".join(map(str, field.default)) if isinstance(field.default, tuple) else str(field.default)
+            shown += {"batch_size": ", Atari 1024", "envs_per_rank": ", Atari 8 over all processes"}.get(field.name, "")
         block = next(block for block in blocks if re.match(rf"(-\w [A-Z_]+, )?--{field.name}\b", block))
         assert block.endswith(f"(default: {shown})"), (field.name, block)
+    assert "(default: ppo 0.0003, Atari 0.00025; trpo 0.001)" in help_text  # as the registry's lines read
+
+
+ATARI_PPO = {"batch_size": 1024, "epochs": 4, "minibatch_size": 256, "lr": 2.5e-4, "lr_schedule": "linear",
+             "clip_ratio": 0.1, "clip_schedule": "linear", "ent_coef": 0.01, "vf_coef": 0.5, "kl_targ": 0.0}
+
+
+@pytest.mark.parametrize(("nprocs", "envs_per_rank"), [(1, 8), (2, 4), (3, 2), (8, 1), (16, 1)])
+def test_an_atari_id_gets_the_atari_work_spread_over_any_process_count(nprocs, envs_per_rank):
+    # 8 envs of 128 steps over all processes: the same batch and work at every count, each env's horizon 128 where
+    # the count divides 8 (--envs_per_rank x --nprocs envs in all).
+    config, _, _ = build_config(parse_args(["ALE/Pong-v5", "--nprocs", str(nprocs)]))
+    assert {name: getattr(config, name) for name in ATARI_PPO} == ATARI_PPO
+    assert config.envs_per_rank == envs_per_rank
+
+
+def test_a_given_option_wins_over_the_family_and_other_families_keep_the_generic_defaults():
+    config, _, _ = build_config(parse_args(["ALE/Pong-v5", "--nprocs", "2", "--batch_size", "2048", "--ent_coef", "0",
+                                            "--envs_per_rank", "3", "--kl_targ", "0.05", "--clip_schedule",
+                                            "constant"]))
+    assert (config.batch_size, config.ent_coef, config.envs_per_rank, config.kl_targ, config.clip_schedule,
+            config.epochs) == (2048, 0.0, 3, 0.05, "constant", 4)
+    trpo, _, _ = build_config(parse_args(["ALE/Pong-v5", "--nprocs", "2", "--algo", "trpo"]))
+    assert (trpo.batch_size, trpo.envs_per_rank) == (1024, 4)  # the Atari batch, TRPO's own settings
+    assert {name: getattr(trpo, name) for name in ALGORITHMS["trpo"].defaults} == ALGORITHMS["trpo"].defaults
+    for env_id in ("CartPole-v1", "MinAtar/Breakout-v1"):
+        config, _, _ = build_config(parse_args([env_id, "--nprocs", "2"]))
+        assert (config.batch_size, config.envs_per_rank) == (2048, 1)
+        assert {name: getattr(config, name) for name in ALGORITHMS["ppo"].defaults} == ALGORITHMS["ppo"].defaults
+
+
+def test_kl_targ_0_never_stops_ppo_early_and_is_refused_for_trpo():
+    from trainer.config import check_config
+
+    with pytest.raises(ValueError, match=r"^--kl_targ must be > 0, got 0.0$"):
+        check_config(TrainConfig(env_id="CartPole-v1", algo="trpo", kl_targ=0.0, lr=1e-3))
+    with pytest.raises(ValueError, match=r"^--clip_ratio must be in \(0, 1\), got 1.5$"):
+        check_config(TrainConfig(env_id="CartPole-v1", algo="ppo", clip_ratio=1.5, lr=1e-3))
 
 
 def test_the_docs_state_no_option_default_of_their_own():

@@ -17,6 +17,7 @@ from test_train import TRAIN, progress, reproducible_part, train
 from algos.numpy_actor import NumpyActor, actor_critic_state_like
 from algos.rollout import RolloutWorker
 from algos.spaces import action_spec, make_env, obs_spec
+from mpi_util import cpus_available
 from trainer.checkpoint import load_latest_checkpoint
 
 TESTS = Path(__file__).resolve().parent
@@ -58,6 +59,9 @@ def test_minatar_trains_on_two_processes_resumes_bit_for_bit_and_plays(tmp_path,
         np.testing.assert_array_equal(mine, theirs)
     config = json.loads((whole / "config.json").read_text())
     assert config["env_id"] == MINATAR
+    # MinAtar's one-layer CNN: oneDNN's kernels, one thread (trainer.kernels); the checkpoints record them
+    assert (config["tf_intra_op_threads"], config["tf_enable_onednn_opts"]) == (1, "1"), config
+    assert config["versions"]["tf_enable_onednn_opts"] == "1"
     played = run_bounded([sys.executable, TRAIN, "--play", str(whole), "--episodes", "2"], timeout=120)
     assert played.returncode == 0 and "over 2 episodes" in played.stdout, played.stderr[-3000:]
 
@@ -146,6 +150,16 @@ def test_atari_trains_on_two_processes_quietly_and_plays_the_whole_game(tmp_path
     assert result.returncode == 0 and result.stderr == "", result.stderr[-3000:]  # no ALE banner, no warning
     (run_dir,) = tmp_path.iterdir()
     assert run_dir.name.startswith("ALE-Pong-v5_ppo_s0_") and len(progress(run_dir)) == 2
+    # The Atari settings where none was given, 8 envs over the 2 processes; the Nature CNN's update on every CPU
+    # rank 0 may use, with oneDNN's kernels, one torso under both heads (the checkpoint's arrays).
+    config = json.loads((run_dir / "config.json").read_text())
+    assert (config["batch_size"], config["minibatch_size"], config["envs_per_rank"], config["epochs"],
+            config["clip_ratio"], config["clip_schedule"], config["ent_coef"], config["kl_targ"]) == \
+        (256, 128, 4, 4, 0.1, "linear", 0.01, 0.0), config
+    assert config["tf_intra_op_threads"] == config["rank0_cpus"] == cpus_available(), config
+    assert config["tf_enable_onednn_opts"] == "1", config
+    ac_state = load_latest_checkpoint(run_dir / "checkpoints")[1]["ac_state"]
+    assert [a.shape for a in ac_state[-8:-6]] == [(512, 1), (1,)]  # the value head on the torso's 512 features
     played = run_bounded([sys.executable, TRAIN, "--play", str(run_dir), "--episodes", "1"], timeout=240)
     assert played.returncode == 0 and played.stderr == "", played.stderr[-3000:]
     # A whole game of Pong: one side reaches 21, so the score is between -21 and 21 and not 0 points in all.

@@ -16,7 +16,7 @@ from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from algos.registry import ALGORITHMS
+from algos.registry import ALGORITHMS, ENVS_IN_ALL
 from trainer.run_dir import run_dir_name
 
 ALGORITHM_DEFAULT = None
@@ -63,7 +63,7 @@ class TrainConfig:
     gamma: float = setting(0.99, "discount factor, in (0, 1]", short="-g")
     lam: float = setting(0.95, "GAE lambda, in (0, 1]", short="-l")
     kl_targ: float | None = setting(ALGORITHM_DEFAULT, "TRPO: KL trust region; PPO: stop an update's epochs when KL "
-                                                       "exceeds 1.5x this", short="-k")
+                                                       "exceeds 1.5x this, 0 never", short="-k")
     hidden: tuple[int, ...] = setting((64, 64), "hidden layer sizes of the policy and value MLPs, comma-separated",
                                       text=True)
     lr: float | None = setting(ALGORITHM_DEFAULT, "PPO: Adam learning rate; TRPO: the value function's Adam learning "
@@ -73,6 +73,14 @@ class TrainConfig:
                            "--total_steps follows the new budget), 'constant' keeps it", choices=("linear", "constant"))
     epochs: int | None = setting(ALGORITHM_DEFAULT, "PPO: epochs per batch")
     minibatch_size: int | None = setting(ALGORITHM_DEFAULT, "PPO: minibatch rows; TRPO: value-function minibatch rows")
+    clip_ratio: float | None = setting(ALGORITHM_DEFAULT, "PPO: the probability ratio is clipped to [1 - this, 1 + "
+                                                          "this] in the surrogate")
+    clip_schedule: str | None = setting(
+        ALGORITHM_DEFAULT, "PPO: 'linear' decays --clip_ratio to 0 over --total_steps as --lr_schedule does the "
+                           "learning rate, 'constant' keeps it", choices=("linear", "constant"))
+    ent_coef: float | None = setting(ALGORITHM_DEFAULT, "PPO: weight of the entropy bonus in the loss")
+    vf_coef: float | None = setting(ALGORITHM_DEFAULT, "PPO: weight of the value loss (on normalized returns) in the "
+                                                       "loss")
     seed: int = setting(0, "base seed; rank r uses SeedSequence(seed, spawn_key=(r,))")
     checkpoint_every: int = setting(10, "iterations between checkpoints (and one at the end)")
     check_sync: bool = setting(False, "after every broadcast verify that all ranks hold bit-identical weights and "
@@ -168,8 +176,10 @@ def load_saved_config(run_dir: Path) -> dict:
     saved.setdefault("envs_per_rank", 1)
     saved.setdefault("batch_split", "even")
     saved.setdefault("policy_lag", 0)
+    # Runs from before the algorithm's defaults were recorded, or before these settings were options (PPO's clip,
+    # entropy and value coefficients were then the generic defaults for every env).
     for name, default in ALGORITHMS[saved["algo"]].defaults.items():
-        if saved.get(name) is None:  # runs from before the algorithm's defaults were recorded
+        if saved.get(name) is None:
             saved[name] = default
     if saved.get("config_version", 1) < 2:
         if saved["algo"] == "trpo":
@@ -250,24 +260,32 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
 
 
 def fill_algorithm_defaults(config: TrainConfig, given: dict) -> None:
-    """The algorithm's defaults for the settings it reads and the user did not give; ValueError with a one-line
-    reason for a given setting that only other algorithms read."""
+    """The defaults of the algorithm for the env's family (algos.registry) of the settings the user did not give: the
+    settings the algorithm reads, and the family's batch size and envs per process (from its envs in all and
+    config.nprocs); ValueError with a one-line reason for a given setting that only other algorithms read."""
+    from algos.spaces import env_family
+
     if config.algo not in ALGORITHMS:
         return  # check_config says so
-    owned = ALGORITHMS[config.algo].defaults
+    spec = ALGORITHMS[config.algo]
+    owned = spec.defaults
     for name in given:
         readers = [algo for algo, spec in ALGORITHMS.items() if name in spec.defaults]
         if readers and name not in owned:
             raise ValueError(f"--{name} is not a setting of {config.algo} (only of {', '.join(readers)}); "
                              f"{config.algo} reads {', '.join('--' + setting for setting in owned)}")
-    for name, default in owned.items():
-        if getattr(config, name) is None:
+    for name, default in spec.defaults_for(env_family(config.env_id)).items():
+        if name == ENVS_IN_ALL:
+            if "envs_per_rank" not in given:
+                config.envs_per_rank = max(1, default // config.nprocs)
+        elif name not in given:
             setattr(config, name, default)
 
 
 def check_config(config: TrainConfig) -> None:
     """ValueError with a one-line reason for a setting train.py cannot run with."""
-    for name in ("gpu_pct", "gamma", "lam", "kl_targ", "lr", "stall_timeout", "stop_grace"):
+    for name in ("gpu_pct", "gamma", "lam", "kl_targ", "lr", "clip_ratio", "ent_coef", "vf_coef", "stall_timeout",
+                 "stop_grace"):
         value = getattr(config, name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"--{name} must be a finite number, got {value}")
@@ -287,8 +305,14 @@ def check_config(config: TrainConfig) -> None:
     for name in ("gamma", "lam"):
         if not 0.0 < getattr(config, name) <= 1.0:
             raise ValueError(f"--{name} must be in (0, 1], got {getattr(config, name)}")
-    if config.kl_targ is not None and not config.kl_targ > 0:
-        raise ValueError(f"--kl_targ must be > 0, got {config.kl_targ}")
+    if config.kl_targ is not None and not (config.kl_targ > 0 or (config.kl_targ == 0 and config.algo == "ppo")):
+        never = " (PPO: 0 never stops early)" if config.algo == "ppo" else ""
+        raise ValueError(f"--kl_targ must be > 0{never}, got {config.kl_targ}")
+    if config.clip_ratio is not None and not 0 < config.clip_ratio < 1:
+        raise ValueError(f"--clip_ratio must be in (0, 1), got {config.clip_ratio}")
+    for name in ("ent_coef", "vf_coef"):
+        if getattr(config, name) is not None and not getattr(config, name) >= 0:
+            raise ValueError(f"--{name} must be >= 0, got {getattr(config, name)}")
     if config.stall_timeout != "auto" and not config.stall_timeout >= 0:
         raise ValueError(f"--stall_timeout must be 'auto' or >= 0 seconds (0: never), got {config.stall_timeout}")
     if not config.stop_grace > 0:

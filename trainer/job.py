@@ -34,19 +34,22 @@ def share_of_batch(config: TrainConfig, rank: int, nprocs: int) -> tuple[int, mp
     return config.batch_size, budget  # a rank may draw the whole batch
 
 
-def actor_state_to_receive(learner: Learner | None, worker: RolloutWorker, hidden: tuple[int, ...]) -> list:
+def actor_state_to_receive(learner: Learner | None, worker: RolloutWorker, config: TrainConfig) -> list:
     """The actor-critic's variables and normalizers as rank 0 broadcasts them: rank 0's own (TensorFlow's), read
     for the broadcast; every other rank's, numpy arrays of the same shapes that receive them."""
     from algos.numpy_actor import actor_critic_state_like
+    from algos.registry import shares_torso
 
     if learner:
         return learner.ac.broadcast_state()
-    return actor_critic_state_like(worker.obs, worker.action, hidden)
+    return actor_critic_state_like(worker.obs, worker.action, config.hidden,
+                                   shares_torso(config.algo, worker.obs.is_image))
 
 
 def job_resources() -> dict:
     """What the job was given, for config.json: each host's CPUs (the union of its ranks' affinity, capped by the
-    largest cgroup CPU quota among them) and their sum, and the BLAS / OpenMP threads of each kind of rank.
+    largest cgroup CPU quota among them) and their sum, the processes on rank 0's host (rank 0 included), and the
+    BLAS / OpenMP threads of each kind of rank.
     Collective: every rank calls it; the result is complete on rank 0 only."""
     from mpi_util.cpus import cgroup_cpu_quota
 
@@ -61,6 +64,7 @@ def job_resources() -> dict:
         quotas = [r[2] for r in on_host if r[2] is not None]
         cpus_per_host[host] = max(1, min(allowed, math.ceil(max(quotas)))) if quotas else allowed
     return {"job_cpus": sum(cpus_per_host.values()), "job_cpus_per_host": cpus_per_host,
+            "rank0_host_ranks": sum(r[0] == ranks[0][0] for r in ranks),
             "rank0_omp_threads": ranks[0][3], "worker_omp_threads": ranks[1][3] if len(ranks) > 1 else None}
 
 

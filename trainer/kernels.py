@@ -32,3 +32,30 @@ def pin_numeric_kernels(environ: MutableMapping[str, str] | None = None, machine
     flags = set((cpu_model_and_flags()[1] if cpu_flags is None else cpu_flags).split())
     if machine.lower() in ("x86_64", "amd64") and {"avx2", "fma"} <= flags:
         environ.setdefault("OPENBLAS_CORETYPE", OPENBLAS_CORETYPE)
+
+
+# Per kind of network (algos.spaces.network_kind): (intra-op threads, oneDNN), "all" for every CPU rank 0 may use.
+# Each measured side by side with the other three choices (benchmarks/update.py --kernels; benchmarks/README.md):
+# - mlp: 64x64 networks spend their time on the number of ops run; a second thread made an update 1.4-1.9x slower,
+#   oneDNN 0.95-1.16x (no gain), and both would tie the results to the machine's cores and vector instructions.
+# - small_cnn: MinAtar's one 3x3 layer on 10x10 boards: oneDNN's kernels pay, a second thread does not.
+# - nature_cnn: Atari's three layers on 84x84 frames: oneDNN on both cores took 0.45x the time of one thread of
+#   TensorFlow's own kernels.
+RANK0_KERNELS = {"mlp": (1, "0"), "small_cnn": (1, "1"), "nature_cnn": ("all", "1")}
+
+
+def rank0_tensorflow_kernels(network: str, cpus: int, policy_lag: int, ranks_on_host: int) -> dict[str, int | str]:
+    """TensorFlow's thread pools and kernels for rank 0's update of a ``network`` (RANK0_KERNELS' kinds):
+    {"tf_intra_op_threads", "tf_inter_op_threads", "tf_enable_onednn_opts"}. ``cpus``: the CPUs rank 0 may use
+    (affinity, cgroup quota); ``ranks_on_host``: the job's processes on rank 0's host, rank 0 included.
+
+    Every CPU: the waiting processes sleep while rank 0 learns. Under --policy_lag 1 the others roll out during the
+    update, so it leaves them a CPU each. With more than one thread, or oneDNN, the results depend on the thread count
+    and the CPU's vector instructions (config.json records both; --resume warns when they change); an MLP's do not.
+    A value of TF_ENABLE_ONEDNN_OPTS the user set is kept.
+    """
+    threads, onednn = RANK0_KERNELS[network]
+    if threads == "all":
+        threads = cpus if not policy_lag else max(1, cpus - (ranks_on_host - 1))
+    return {"tf_intra_op_threads": threads, "tf_inter_op_threads": min(2, cpus),
+            "tf_enable_onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", onednn)}

@@ -8,32 +8,33 @@ import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 import mpi_util
 from algos.numpy_actor import NumpyActor
-from algos.registry import ALGORITHMS, Algorithm
+from algos.registry import ALGORITHMS, Algorithm, shares_torso
+from algos.spaces import ActionSpec, ObsSpec, network_kind
 from trainer.checkpoint import remove_temporary_files, write_atomic
 from trainer.config import TrainConfig
 from trainer.counters import Counters
+from trainer.kernels import rank0_tensorflow_kernels
 from trainer.resume import as_numpy
 from trainer.run_dir import RunDirInUseError, RunDirLock, lock_run_dir
 from trainer.versions import stack_versions, version_changes
-
-if TYPE_CHECKING:
-    from algos.spaces import ActionSpec, ObsSpec
 
 
 class Learner:
     """Rank 0's side: the TensorFlow actor-critic, the algorithm that updates it (--algo, built as algos.registry's
     ALGORITHMS says), and the run directory's logs."""
 
-    def __init__(self, config: TrainConfig, run_dir: Path, obs: ObsSpec, action: ActionSpec, resuming: bool) -> None:
-        # oneDNN's kernels cost more than they save on 64x64 networks (benchmarks/update.py): TensorFlow's own
-        # kernels run instead. A value the user set is kept (config.json records it).
-        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    def __init__(self, config: TrainConfig, run_dir: Path, obs: ObsSpec, action: ActionSpec, resuming: bool,
+                 ranks_on_host: int) -> None:
+        # Threads and kernels by kind of network (trainer.kernels); oneDNN's switch is read when TensorFlow loads.
+        # ranks_on_host: the job's processes on this host, this one included.
+        self.cpus = mpi_util.cpus_available()
+        self.threads = rank0_tensorflow_kernels(network_kind(obs), self.cpus, config.policy_lag, ranks_on_host)
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = str(self.threads["tf_enable_onednn_opts"])
         # TensorFlow imports JAX when it is installed (for TFLite, unused here): 0.5 s and 110 MB more on rank 0.
         # Hidden during TensorFlow's import only; an env that imports JAX later still can.
         jax_hidden = "jax" not in sys.modules
@@ -48,19 +49,14 @@ class Learner:
 
         from algos.policy import ActorCritic
 
-        # Rank 0 alone runs the update while the workers wait without spinning. One thread per op: on networks of
-        # this size splitting an op across threads (Adam's fused kernel above all) costs more than it saves;
-        # two ops at a time where the CPUs it was given (affinity, cgroup quota) allow (benchmarks/update.py).
-        self.cpus = mpi_util.cpus_available()
-        self.threads = {"tf_intra_op_threads": 1, "tf_inter_op_threads": min(2, self.cpus),
-                        "tf_enable_onednn_opts": os.environ["TF_ENABLE_ONEDNN_OPTS"]}
         tf.config.threading.set_intra_op_parallelism_threads(self.threads["tf_intra_op_threads"])
         tf.config.threading.set_inter_op_parallelism_threads(self.threads["tf_inter_op_threads"])
         tf.config.experimental.enable_op_determinism()  # same seed and nprocs, same results
         mpi_util.set_global_seeds(config.seed)  # now that TensorFlow is imported, seed it too (as rank 0)
         self.config, self.run_dir = config, run_dir
-        self.versions = stack_versions()  # into config.json and every checkpoint; --resume compares
-        self.ac = ActorCritic(obs, action, hidden=config.hidden)
+        # Into config.json and every checkpoint; --resume compares. A CNN's update rounds by its thread count too.
+        self.versions = {**stack_versions(), **{name: str(value) for name, value in self.threads.items()}}
+        self.ac = ActorCritic(obs, action, hidden=config.hidden, shared_torso=shares_torso(config.algo, obs.is_image))
         self.spec = ALGORITHMS[config.algo]
         self.algo: Algorithm = self.spec.build(self.ac, config)
         self.pending: tuple | None = None  # (batch, episodes, behavior_logp) gathered, not yet learned from
@@ -153,10 +149,13 @@ class Learner:
         config = self.config
         batch, episodes, behavior_logp = self.pending
         self.pending = None
+        # The fraction of the step budget still ahead, counting this batch: the first update uses lr (clip_ratio),
+        # the last about lr / iterations (a resume with a smaller budget floors it at 0).
+        budget_left = max(0.0, 1.0 - counters.total_steps / config.total_steps)
         if "lr_schedule" in self.spec.defaults and config.lr_schedule == "linear":
-            # The fraction of the step budget still ahead, counting this batch: the first update uses lr, the last
-            # about lr / iterations (a resume with a smaller budget floors it at 0).
-            self.algo.set_learning_rate(config.lr * max(0.0, 1.0 - counters.total_steps / config.total_steps))
+            self.algo.set_learning_rate(config.lr * budget_left)
+        if "clip_schedule" in self.spec.defaults and config.clip_schedule == "linear":
+            self.algo.set_clip_ratio(config.clip_ratio * budget_left)
         stats = self.algo.update(batch["obs"], batch["act"], batch["adv"], batch["ret"], behavior_logp)
         if not all(np.isfinite(as_numpy(v)).all() for v in self.ac.broadcast_state()):
             # Stopped before the broadcast and the next checkpoint, so the last good checkpoint stays the newest.

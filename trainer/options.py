@@ -12,7 +12,7 @@ import typing
 from dataclasses import Field
 
 import mpi_util
-from algos.registry import ALGORITHMS
+from algos.registry import ALGORITHMS, ENVS_IN_ALL
 from trainer.config import TrainConfig, option_fields
 
 PLAY_EPISODES = 5  # --play's episodes when --episodes is not given
@@ -37,14 +37,35 @@ def _shown(value: object) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
+def family_defaults_text(defaults: dict[str, dict], generic: object, name: str) -> str:
+    """', Atari X' for each family (algos.spaces.FAMILY_NAMES) whose defaults (family -> settings, as
+    AlgorithmSpec.families holds them) give setting ``name`` a value other than ``generic``."""
+    from algos.spaces import FAMILY_NAMES
+
+    shown = []
+    for family, settings in defaults.items():
+        if name == "envs_per_rank" and ENVS_IN_ALL in settings:
+            shown.append(f"{FAMILY_NAMES[family]} {settings[ENVS_IN_ALL]} over all processes")
+        elif name in settings and settings[name] != generic:
+            shown.append(f"{FAMILY_NAMES[family]} {_shown(settings[name])}")
+    return "".join(f", {text}" for text in dict.fromkeys(shown))
+
+
 def _default_text(option: Field) -> str:
-    """' (default: X)' for --help: the field's default, or each algorithm's own for the settings algorithms own."""
-    readers = {algo: spec.defaults[option.name] for algo, spec in ALGORITHMS.items() if option.name in spec.defaults}
+    """' (default: X)' for --help: the field's default, or each algorithm's own for the settings algorithms own, each
+    followed by the families' own (algos.registry)."""
+    readers = {algo: spec for algo, spec in ALGORITHMS.items() if option.name in spec.defaults}
     if readers:
-        return " (default: " + ", ".join(f"{algo} {_shown(value)}" for algo, value in readers.items()) + ")"
+        return " (default: " + "; ".join(
+            f"{algo} {_shown(spec.defaults[option.name])}"
+            + family_defaults_text(spec.families, spec.defaults[option.name], option.name)
+            for algo, spec in readers.items()) + ")"
+    families = "".join(family_defaults_text(spec.families, option.default, option.name)
+                       for spec in ALGORITHMS.values())
+    families = "".join(f", {text}" for text in dict.fromkeys(families.split(", ")[1:]))
     if option.default is None or option.default is False:
         return ""  # no value: the help says what happens then
-    return f" (default: {_shown(option.default)})"
+    return f" (default: {_shown(option.default)}{families})"
 
 
 def _add_config_option(parser: argparse.ArgumentParser, option: Field, value_type: type) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 def play(run_dir: Path, episodes: int, video_path: str | None) -> int:
     """Play ``episodes`` episodes with the newest good checkpoint of ``run_dir``; 0 on success, 2 on bad input."""
     from algos.numpy_actor import NumpyActor
+    from algos.registry import shares_torso
     from algos.spaces import action_spec, obs_spec
     from trainer.checkpoint import CheckpointError, load_latest_checkpoint
 
@@ -41,8 +42,9 @@ def play(run_dir: Path, episodes: int, video_path: str | None) -> int:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
     try:
-        actor = NumpyActor.from_ac_state(state["ac_state"], tuple(config["hidden"]), obs_spec(env.observation_space),
-                                         action_spec(env.action_space))
+        obs = obs_spec(env.observation_space)
+        actor = NumpyActor.from_ac_state(state["ac_state"], tuple(config["hidden"]), obs, action_spec(env.action_space),
+                                         shares_torso(config["algo"], obs.is_image))
     except (KeyError, ValueError) as error:
         print(f"train.py: error: {path} does not hold a policy for {config['env_id']}: {error}", file=sys.stderr)
         return 2
