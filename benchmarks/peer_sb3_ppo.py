@@ -1,10 +1,12 @@
 """stable-baselines3 PPO with the work per iteration of train.py's defaults, the peer peers.py measures: one env under
 VecNormalize (clip 10), n_steps 2048, batch 64, 10 epochs, lr 3e-4, target_kl 0.02, torch on ``--torch_threads``
 thread(s); --batch_size, --epochs, --minibatch_size and --lr change the work as train.py's options of those names do.
-An image env gets train.py's network instead: separate policy and value CNNs of train.py's torso
-(algos.spaces.conv_layers), rewards normalized, pixels scaled to [0, 1]; an Atari id SB3's own Atari preprocessing
+An image env gets train.py's network for PPO instead: one CNN torso of train.py's (algos.spaces.conv_layers) under
+the policy and value heads, rewards normalized, pixels scaled to [0, 1]; an Atari id SB3's own Atari preprocessing
 (noop reset, frame skip 4, 84x84 grey, a lost life ends the episode for learning, clipped rewards, and FIRE at reset,
-which train.py does not press) with 4 stacked frames. ``--json PATH`` writes the per-iteration record peers.py reads
+which train.py does not press) with 4 stacked frames, and train.py's Atari settings (algos.registry): 8 envs sharing
+the batch, clip range and learning rate decayed linearly to 0, entropy 0.01, no KL early stop. ``--json PATH`` writes
+the per-iteration record peers.py reads
 (steps, wall_s, t_rollout, t_update, grad_steps and the returns of the episodes that ended in the iteration).
 """
 
@@ -53,26 +55,33 @@ def main() -> int:
                             for info in self.locals["infos"] if "episode" in info)
             return True
 
-    from algos.spaces import conv_layers, register_namespace
+    from algos.registry import ALGORITHMS, ENVS_IN_ALL
+    from algos.spaces import conv_layers, env_family, register_namespace
 
     register_namespace(args.env)
-    if args.env.startswith("ALE/"):
+    atari = ALGORITHMS["ppo"].defaults_for(env_family(args.env))  # the generic settings where not Atari
+    n_envs = atari.get(ENVS_IN_ALL, 1)
+    if env_family(args.env) == "atari":
         from stable_baselines3.common.env_util import make_atari_env
         from stable_baselines3.common.vec_env import VecFrameStack
 
-        base = VecFrameStack(make_atari_env(args.env, 1, args.seed, env_kwargs={"frameskip": 1}), n_stack=4)
+        base = VecFrameStack(make_atari_env(args.env, n_envs, args.seed, env_kwargs={"frameskip": 1}), n_stack=4)
     else:
         base = DummyVecEnv([lambda: Monitor(gymnasium.make(args.env))])
     image = len(base.observation_space.shape) == 3
     env = VecNormalize(base, norm_obs=not image, clip_obs=10.0, gamma=0.99)
     policy_kwargs = {}
     if image:
-        policy_kwargs = {"features_extractor_class": _torso_class(conv_layers), "share_features_extractor": False,
+        policy_kwargs = {"features_extractor_class": _torso_class(conv_layers), "share_features_extractor": True,
                          "net_arch": []}
-    model = PPO("CnnPolicy" if image else "MlpPolicy", env, policy_kwargs=policy_kwargs, n_steps=args.batch_size,
-                batch_size=args.minibatch_size, n_epochs=args.epochs, learning_rate=args.lr, clip_range=0.2,
-                gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5, ent_coef=0.0, vf_coef=0.5, target_kl=0.02,
-                seed=args.seed, device="cpu", verbose=0)
+    clip = atari["clip_ratio"]
+    schedule = atari["clip_schedule"] == "linear"
+    model = PPO("CnnPolicy" if image else "MlpPolicy", env, policy_kwargs=policy_kwargs,
+                n_steps=args.batch_size // n_envs, batch_size=args.minibatch_size, n_epochs=args.epochs,
+                learning_rate=(lambda left: args.lr * left) if schedule else args.lr,
+                clip_range=(lambda left: clip * left) if schedule else clip, gamma=0.99, gae_lambda=0.95,
+                max_grad_norm=0.5, ent_coef=atari["ent_coef"], vf_coef=atari["vf_coef"],
+                target_kl=atari["kl_targ"] or None, seed=args.seed, device="cpu", verbose=0)
     model.policy.optimizer.register_step_post_hook(lambda *_: grad_steps.__setitem__(0, grad_steps[0] + 1))
     started = time.perf_counter()
     model.learn(total_timesteps=args.total_steps, callback=Recorder())

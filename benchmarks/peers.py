@@ -1,10 +1,11 @@
 """train.py and its peers at equal work, side by side: stable-baselines3 PPO (peer_sb3_ppo.py), a CleanRL-style torch
-PPO (peer_cleanrl_ppo.py) and RLlib PPO (peer_rllib_ppo.py, in benchmarks/.venv-rllib from setup_peers.sh; skipped
-with a note without it). Every system runs the same env, budget and seed with 2,048 steps and 10 epochs of 64-row
-minibatches per update (other work for train.py and stable-baselines3: --batch_size, --epochs, --minibatch_size,
---lr); each run is a fresh subprocess, one at a time (--concurrent: a repeat's runs at once, for learning curves), in
-an order that reverses from repeat to repeat, and ratios pair runs of the same repeat (benchmarks/README.md, section
-peers.py). Writes runs.csv, results.md and a plot of the returns to ``--out``.
+PPO (peer_cleanrl_ppo.py; on an ALE game peer_cleanrl_atari.py) and RLlib PPO (peer_rllib_ppo.py, in
+benchmarks/.venv-rllib from setup_peers.sh; skipped with a note without it). Every system runs the same env, budget and
+seed with 2,048 steps and 10 epochs of 64-row minibatches per update (other work for train.py, stable-baselines3 and,
+on an ALE game, the CleanRL-style PPO: --batch_size, --epochs, --minibatch_size, --lr); each run is a fresh
+subprocess, one at a time (--concurrent: a repeat's runs at once, for learning curves), in an order that reverses
+from repeat to repeat, and ratios pair runs of the same repeat (benchmarks/README.md, section peers.py). Writes
+runs.csv, results.md and a plot of the returns to ``--out``.
 """
 
 from __future__ import annotations
@@ -33,16 +34,23 @@ from harness import (
     write_results,
 )
 
+from algos.atari import is_atari
+
 WORK_DEFAULTS = {"batch_size": 2048, "epochs": 10, "minibatch_size": 64, "lr": 3e-4}  # train.py's PPO defaults
+CLEANRL_ATARI_WORK = {"batch_size": "batch_steps", "epochs": "update_epochs", "minibatch_size": "minibatch_size",
+                      "lr": "learning_rate"}  # train.py's work options -> peer_cleanrl_atari.py's
 RLLIB_PYTHON = REPO / "benchmarks" / ".venv-rllib" / "bin" / "python"  # made by setup_peers.sh
 SYSTEMS = ("ours", "sb3", "cleanrl", "rllib")
 
 NOTES = [
-    "train.py: lr annealed linearly to 0; an update's epochs stop when an epoch's approx KL exceeds 1.5 x 0.02; "
-    "observations normalized with running statistics (clip 10), value targets with running return statistics; "
-    "rank 0's TF update runs one thread per op, two ops at a time, TensorFlow's own kernels (oneDNN off).",
-    "stable-baselines3: constant lr; target_kl 0.02 checked after every minibatch; "
-    "VecNormalize of observations and rewards (clip 10); torch on one thread.",
+    "train.py: lr annealed linearly to 0; an update's epochs stop when an epoch's approx KL exceeds 1.5 x 0.02 "
+    "(on an ALE game the Atari settings of algos.registry instead: no KL stop, clip 0.1 decayed to 0, entropy "
+    "0.01); vector observations normalized with running statistics (clip 10), value targets with running return "
+    "statistics; rank 0's TF threads and kernels as trainer.kernels chooses them per network (an MLP: one thread, "
+    "TensorFlow's own kernels; a CNN: oneDNN, a thread per CPU for Atari's).",
+    "stable-baselines3: constant lr; target_kl 0.02 checked after every minibatch; VecNormalize of observations "
+    "and rewards (clip 10); on an ALE game train.py's Atari settings, 8 envs (peer_sb3_ppo.py); torch threads as "
+    "the system column says.",
     "CleanRL-style: lr annealed linearly to 0; epochs stop on approx KL > 1.5 x 0.02 (CleanRL's per-epoch check, "
     "train.py's threshold); per-env NormalizeObservation and NormalizeReward wrappers, each clipped at 10; clipped "
     "value loss; a time-limit truncation ends the return like a termination (CleanRL's choice, no bootstrap); torch "
@@ -72,17 +80,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "runs SEED)")
     for name, default in WORK_DEFAULTS.items():
         parser.add_argument(f"--{name}", type=type(default), default=default,
-                            help=f"train.py's --{name} for ours and stable-baselines3 (default: %(default)s)")
+                            help=f"train.py's --{name} for ours, stable-baselines3 and, on an ALE game, the "
+                                 "CleanRL-style PPO (default: %(default)s)")
     parser.add_argument("--concurrent", action="store_true",
                         help="run a repeat's runs at the same time (learning curves: steps/s then share the cores)")
     args = parser.parse_args(argv)
-    if any(getattr(args, k) != v for k, v in WORK_DEFAULTS.items()) and {*args.systems} - {"ours", "sb3"}:
-        parser.error("--batch_size, --epochs, --minibatch_size and --lr apply to ours and sb3 only")
+    takers = {"ours", "sb3", "cleanrl"} if is_atari(args.env) else {"ours", "sb3"}
+    if any(getattr(args, k) != v for k, v in WORK_DEFAULTS.items()) and {*args.systems} - takers:
+        parser.error("--batch_size, --epochs, --minibatch_size and --lr apply to ours, sb3 and, on an ALE game, "
+                     "cleanrl only")
     iterations = args.total_steps // args.batch_size
     if iterations <= args.warmup or iterations < args.tail:
         parser.error(f"--total_steps {args.total_steps} gives {iterations} iteration(s) of {args.batch_size} steps: "
                      f"need more than --warmup {args.warmup} and at least --tail {args.tail}")
     return args
+
+
+def image_env(env_id: str) -> bool:
+    """Whether train.py's policy reads ``env_id``'s observations as images (a CNN)."""
+    from algos.spaces import make_env, obs_spec
+
+    env = make_env(env_id)
+    try:
+        return obs_spec(env.observation_space).is_image
+    finally:
+        env.close()
 
 
 def summarize_peer(record: dict[str, Any], system: str, nprocs: int, warmup: int, tail: int) -> dict[str, Any]:
@@ -157,15 +179,20 @@ def run_job(args: argparse.Namespace, system: str, n: int, workdir: Path, seed: 
         return (summarize_ours(run, args),
                 ([r["total_steps"] for r in run.rows], [r["ep_return_mean"] for r in run.rows]), {})
     json_path = workdir / f"{system}.json"
-    common = ["--total_steps", str(args.total_steps), "--seed", str(seed), "--torch_threads", "1",
+    # An image env's CNN: the torch peers each on all the cores; an MLP on one thread.
+    threads = (os.cpu_count() or 1) if system in ("sb3", "cleanrl") and image_env(args.env) else 1
+    common = ["--total_steps", str(args.total_steps), "--seed", str(seed), "--torch_threads", str(threads),
               "--json", str(json_path)]
     if system == "sb3":
         command = [sys.executable, str(REPO / "benchmarks" / "peer_sb3_ppo.py"), "--env", args.env, *common, *work]
-        label = "stable-baselines3 PPO, 1 env, torch 1 thread(s)"
+        label = f"stable-baselines3 PPO, 1 env, torch {threads} thread(s)"
     elif system == "cleanrl":
-        command = [sys.executable, str(REPO / "benchmarks" / "peer_cleanrl_ppo.py"), "--env_id", args.env,
-                   "--num_envs", str(n), *common]
-        label = f"CleanRL-style PPO, {n} env{'s' if n > 1 else ''}, torch 1 thread(s)"
+        atari = is_atari(args.env)
+        script = "peer_cleanrl_atari.py" if atari else "peer_cleanrl_ppo.py"
+        atari_work = [f"--{CLEANRL_ATARI_WORK[name]}={getattr(args, name)}" for name in WORK_DEFAULTS] if atari else []
+        command = [sys.executable, str(REPO / "benchmarks" / script), "--env_id", args.env, "--num_envs", str(n),
+                   *common, *atari_work]
+        label = f"CleanRL-style PPO, {n} env{'s' if n > 1 else ''}, torch {threads} thread(s)"
     else:
         command = [str(RLLIB_PYTHON), str(REPO / "benchmarks" / "peer_rllib_ppo.py"), "--env", args.env,
                    "--num_env_runners", str(n), *common]
@@ -204,6 +231,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "rllib" in args.systems and not rllib_ready:
         notes.append(f"RLlib skipped: {RLLIB_PYTHON} not found; make it with `bash benchmarks/setup_peers.sh`.")
         print(f"peers: {notes[-1]}", flush=True)
+    if image_env(args.env) and {"sb3", "cleanrl"} & {*args.systems}:
+        notes.append(f"{args.env} is an image env: stable-baselines3 and the CleanRL-style PPO run torch on all "
+                     f"{os.cpu_count() or 1} cores, not one thread.")
+    if is_atari(args.env) and "cleanrl" in args.systems:
+        notes.append("CleanRL-style on an ALE game (peer_cleanrl_atari.py), not as above: train.py's Atari "
+                     "preprocessing (algos.atari), one Nature CNN torso under both heads, rewards learned clipped to "
+                     "their sign and a lost life ending the bootstrap (as train.py), no normalization; clip 0.1 and lr "
+                     "both annealed linearly to 0, clipped value loss, entropy 0.01, no KL early stop.")
     jobs = jobs_of(args, rllib_ready)
     workroot = Path(tempfile.mkdtemp(prefix="bench_peers_", dir="/tmp"))
     started = time.perf_counter()

@@ -4,7 +4,8 @@ section "Start-up and memory per rank").
 A variant is ``NAME=TREE``: the checkout whose train.py (and, since Python puts the script's folder first on the
 module path, whose mpi_util and algos) runs. Every process of the job is sampled every 50 ms for its rank
 (PMI_RANK) and peak resident memory (VmHWM); variants alternate in order from repeat to repeat and ratios pair runs
-of the same repeat. Writes runs.csv and results.md to ``--out``.
+of the same repeat. ``--args_of NAME=ARGS`` gives one variant train.py arguments of its own (another checkout's
+defaults given by flags, say). Writes runs.csv and results.md to ``--out``.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def run_once(name: str, tree: Path, env_id: str, nprocs: int, total_steps: int, 
         "job_peak_mb": sum(peaks.values()),
         "ranks_seen": len(peaks),
         "steps_per_s": median([float(row["steps_per_s"]) for row in rows[2:]]),
+        **{f"{key}_s": median([float(row[key]) for row in rows[2:]]) for key in ("t_rollout", "t_update")},
         "wall_s": time.monotonic() - started,
         "load_before": load_before,
         "command": shlex.join(command),
@@ -123,6 +125,8 @@ def parse_args() -> argparse.Namespace:
     parser = options(__doc__, "startup", env="Walker2d-v5", nprocs=8, total_steps=20480, repeats=3, timeout=600.0)
     parser.add_argument("variants", nargs="+", help="NAME=TREE, the first is the baseline")
     parser.add_argument("--train_args", default="", help="extra train.py arguments, one shell-quoted string")
+    parser.add_argument("--args_of", action="append", default=[], metavar="NAME=ARGS",
+                        help="extra train.py arguments of variant NAME alone, one shell-quoted string (repeatable)")
     return parser.parse_args()
 
 
@@ -134,6 +138,10 @@ def main() -> int:
         if not sep or not (Path(tree) / "train.py").is_file():
             raise SystemExit(f"startup.py: error: a variant is NAME=TREE with TREE/train.py, got {text!r}")
         variants.append((name, Path(tree).resolve()))
+    args_of = dict(text.partition("=")[::2] for text in args.args_of)
+    unknown = set(args_of) - {name for name, _ in variants}
+    if unknown:
+        raise SystemExit(f"startup.py: error: --args_of names no variant: {', '.join(sorted(unknown))}")
     started = time.monotonic()
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -141,12 +149,14 @@ def main() -> int:
             order = variants if repeat % 2 == 0 else variants[::-1]
             for name, tree in order:
                 run = run_once(name, tree, args.env, args.nprocs, args.total_steps,
-                               Path(scratch) / f"r{repeat}_{name}", args.timeout, args.train_args)
+                               Path(scratch) / f"r{repeat}_{name}", args.timeout,
+                               f"{args.train_args} {args_of.get(name, '')}")
                 run["repeat"] = repeat
                 runs.append(run)
                 print(f"repeat {repeat} {name}: first iteration {run['first_iteration_s']:.1f} s, rank 0 "
                       f"{run['rank0_peak_mb']:.0f} MB, worker {run['worker_peak_mb']:.0f} MB, job "
-                      f"{run['job_peak_mb']:.0f} MB, {run['steps_per_s']:.0f} steps/s", flush=True)
+                      f"{run['job_peak_mb']:.0f} MB, {run['steps_per_s']:.0f} steps/s (rollout "
+                      f"{run['t_rollout_s']:.2f} s, update {run['t_update_s']:.2f} s)", flush=True)
     baseline = variants[0][0]
     for run in runs:
         base = next(r for r in runs if r["repeat"] == run["repeat"] and r["variant"] == baseline)
@@ -157,13 +167,17 @@ def main() -> int:
         mine = [r for r in runs if r["variant"] == name]
         rows.append([name, args.nprocs, fmt(median([r["first_iteration_s"] for r in mine]), 1),
                      *(fmt(median([r[key] for r in mine])) for key in MEDIANS[1:]),
+                     *(fmt(median([r[key] for r in mine]), 2) for key in ("t_rollout_s", "t_update_s")),
                      *(", ".join(f"{r[key + '_ratio']:.2f}" for r in mine) for key in RATIOS)])
     header = ["variant", "nprocs", "launch to first iteration (s)", "rank 0 peak (MB)", "worker peak (MB)",
-              "job peak (MB)", "steps/s", f"first iteration / {baseline}", f"job memory / {baseline}",
+              "job peak (MB)", "steps/s", "t_rollout (s)", "t_update (s)",
+              f"first iteration / {baseline}", f"job memory / {baseline}",
               f"steps/s / {baseline}"]
     text = table(header, rows)
     about = (f"- runs: `TREE/train.py {args.env} --nprocs {args.nprocs} --total_steps {args.total_steps}`; "
-             + "; ".join(f"{name} = {tree}" for name, tree in variants)
+             + (f" {args.train_args}" if args.train_args else "")
+             + "; ".join(f"{name} = {tree}" + (f" with `{args_of[name]}`" if name in args_of else "")
+                         for name, tree in variants)
              + f"; {args.repeats} interleaved repeat(s); medians, ratios per repeat (in repeat order)")
     loads = ", ".join(f"r{r['repeat']} {r['variant']}: {r['load_before']:.2f}" for r in runs)
     write_results(args.out, runs, text, time.monotonic() - started, loads, [about])
