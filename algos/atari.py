@@ -2,8 +2,11 @@
 
 ``ALE/Pong-v5`` and the other ALE ids: up to 30 no-op actions at reset, the agent acting every 4th frame (the max of
 the last two frames seen), frames grey and 84x84, the last 4 stacked as the channels of one (84, 84, 4) uint8 image.
-ALE's v5 defaults stay: sticky actions (each action repeats the last with probability 0.25) and the game's minimal
-action set. What only training does, ending a value estimate at a lost life and clipping rewards to their sign, is
+ALE's v5 defaults stay: sticky actions (at each frame the last action repeats with probability 0.25) and the game's
+minimal action set. The stickiness is gymnasium's StickyAction wrapper at every frame, not ALE's own: ALE's saved
+state leaves out the action it repeats, so a game restored from a checkpoint could act differently at its first step;
+the wrapper's last action pickles with it, and its random draws come from the env's generator, which the checkpoint
+keeps. What only training does, ending a value estimate at a lost life and clipping rewards to their sign, is
 the rollout's (RolloutWorker's ``atari``), so that the returns it reports, and --play's, are the game's own score.
 """
 
@@ -13,6 +16,9 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+
+STICKY_ACTIONS = 0.25
+"""The probability that a frame repeats the last action instead of the one given (ALE v5's default)."""
 
 
 def is_atari(env_id: str) -> bool:
@@ -46,7 +52,10 @@ def make_atari(env_id: str, **kwargs: Any) -> gymnasium.Env:
     gymnasium.register_envs(ale_py)
     # ALE's C++ core prints its banner on every game it loads, which is not this tool's line to print
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
-    env = gymnasium.make(env_id.rpartition(":")[2], frameskip=1, **kwargs)
+    sticky = kwargs.pop("repeat_action_probability", STICKY_ACTIONS)
+    env = gymnasium.make(env_id.rpartition(":")[2], frameskip=1, repeat_action_probability=0.0, **kwargs)
+    if sticky:
+        env = gymnasium.wrappers.StickyAction(env, repeat_action_probability=sticky)
     env = gymnasium.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True,
                                                 terminal_on_life_loss=False, scale_obs=False)
     return ChannelsLast(gymnasium.wrappers.FrameStackObservation(env, 4))

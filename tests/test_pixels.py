@@ -4,7 +4,10 @@ and the one line for a space it does not."""
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -116,19 +119,35 @@ def random_actor(env: gymnasium.Env, seed: int = 0) -> NumpyActor:
 
 
 def test_atari_is_preprocessed_and_its_snapshot_continues_exactly():
-    from trainer.env_state import restore_env, snapshot_env
+    from trainer.env_state import restore_env
 
     env = make_env(ATARI)
     assert obs_spec(env.observation_space).shape == (84, 84, 4) and env.observation_space.dtype == np.uint8
-    env.reset(seed=3)
-    rng = np.random.default_rng(0)
-    for _ in range(40):
+    # Snapshots of Pong made in another process, as a resume reads them, each after 32 random steps; that process then
+    # plays 40 more, and so must the copies here. The emulator's state, its RNG and the sticky action's last action
+    # come back (ALE's own saved state forgets that action: so restored, the third game here acted differently from
+    # its first step).
+    code = """
+import pickle, sys
+import numpy as np
+from algos.spaces import make_env
+from trainer.env_state import snapshot_env
+env, rng, runs = make_env("ALE/Pong-v5"), np.random.default_rng(0), []
+for seed in range(8):
+    env.reset(seed=seed)
+    for _ in range(32):
         env.step(int(rng.integers(env.action_space.n)))
-    copy = restore_env(snapshot_env(env))  # the emulator's state and its RNG (sticky actions) come back
-    for _ in range(200):
-        action = int(rng.integers(env.action_space.n))
-        mine, theirs = env.step(action), copy.step(action)
-        assert np.array_equal(mine[0], theirs[0]) and mine[1:4] == theirs[1:4]
+    blob, actions = snapshot_env(env), [int(a) for a in rng.integers(env.action_space.n, size=40)]
+    runs.append((blob, actions, [env.step(a)[:4] for a in actions]))
+sys.stdout.buffer.write(pickle.dumps(runs))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, check=True,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    for seed, (blob, actions, theirs) in enumerate(pickle.loads(result.stdout)):
+        copy = restore_env(blob)
+        for step, (action, (obs, *rest)) in enumerate(zip(actions, theirs, strict=True)):
+            mine = copy.step(action)
+            assert np.array_equal(mine[0], obs) and list(mine[1:4]) == rest, (seed, step)
 
 
 def test_atari_rollouts_end_the_value_at_a_lost_life_clip_rewards_and_report_the_game_score():
@@ -144,11 +163,12 @@ def test_atari_rollouts_end_the_value_at_a_lost_life_clip_rewards_and_report_the
     assert steps.ep_return[0] + sum(steps.ep_returns) >= steps.rewards.sum()
 
 
-def test_atari_trains_on_two_processes_quietly_and_plays_the_whole_game(tmp_path):
-    result = run_bounded([sys.executable, TRAIN, "ALE/Pong-v5", "--nprocs", "2", "--batch_size", "256",
-                          "--minibatch_size", "128", "--total_steps", "512", "--logdir", str(tmp_path)], timeout=240)
+def test_atari_trains_on_two_processes_quietly_resumes_bit_for_bit_and_plays_the_whole_game(tmp_path):
+    pong = ["ALE/Pong-v5", "--nprocs", "2", "--batch_size", "256", "--minibatch_size", "128"]
+    result = run_bounded([sys.executable, TRAIN, *pong, "--total_steps", "512", "--logdir", str(tmp_path / "whole")],
+                         timeout=240)
     assert result.returncode == 0 and result.stderr == "", result.stderr[-3000:]  # no ALE banner, no warning
-    (run_dir,) = tmp_path.iterdir()
+    (run_dir,) = (tmp_path / "whole").iterdir()
     assert run_dir.name.startswith("ALE-Pong-v5_ppo_s0_") and len(progress(run_dir)) == 2
     # The Atari settings where none was given, 8 envs over the 2 processes; the Nature CNN's update on every CPU
     # rank 0 may use, with oneDNN's kernels, one torso under both heads (the checkpoint's arrays).
@@ -160,6 +180,14 @@ def test_atari_trains_on_two_processes_quietly_and_plays_the_whole_game(tmp_path
     assert config["tf_enable_onednn_opts"] == "1", config
     ac_state = load_latest_checkpoint(run_dir / "checkpoints")[1]["ac_state"]
     assert [a.shape for a in ac_state[-8:-6]] == [(512, 1), (1,)]  # the value head on the torso's 512 features
+    # Resumed after its first iteration, the run ends bit for bit where the whole one did: oneDNN's kernels on as
+    # many threads as before give the same numbers on the same CPU (both schedules give the first update all of lr
+    # and clip_ratio at either budget).
+    part, _ = train(*pong, "--total_steps", "256", "--logdir", str(tmp_path / "part"))
+    resumed, out = train("--resume", str(part), "--total_steps", "512")
+    assert "from ckpt_00000001.pkl: iteration 1, step 256" in out
+    for mine, theirs in zip(load_latest_checkpoint(resumed / "checkpoints")[1]["ac_state"], ac_state, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
     played = run_bounded([sys.executable, TRAIN, "--play", str(run_dir), "--episodes", "1"], timeout=240)
     assert played.returncode == 0 and played.stderr == "", played.stderr[-3000:]
     # A whole game of Pong: one side reaches 21, so the score is between -21 and 21 and not 0 points in all.
