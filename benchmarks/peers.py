@@ -35,6 +35,8 @@ from harness import (
 )
 
 from algos.atari import is_atari
+from algos.registry import ALGORITHMS, ENVS_IN_ALL
+from algos.spaces import env_family
 
 WORK_DEFAULTS = {"batch_size": 2048, "epochs": 10, "minibatch_size": 64, "lr": 3e-4}  # train.py's PPO defaults
 CLEANRL_ATARI_WORK = {"batch_size": "batch_steps", "epochs": "update_epochs", "minibatch_size": "minibatch_size",
@@ -185,7 +187,8 @@ def run_job(args: argparse.Namespace, system: str, n: int, workdir: Path, seed: 
               "--json", str(json_path)]
     if system == "sb3":
         command = [sys.executable, str(REPO / "benchmarks" / "peer_sb3_ppo.py"), "--env", args.env, *common, *work]
-        label = f"stable-baselines3 PPO, 1 env, torch {threads} thread(s)"
+        envs = ALGORITHMS["ppo"].defaults_for(env_family(args.env)).get(ENVS_IN_ALL, 1)  # as peer_sb3_ppo.py
+        label = f"stable-baselines3 PPO, {envs} env{'s' if envs > 1 else ''}, torch {threads} thread(s)"
     elif system == "cleanrl":
         atari = is_atari(args.env)
         script = "peer_cleanrl_atari.py" if atari else "peer_cleanrl_ppo.py"
