@@ -110,8 +110,8 @@ class ActorCritic:
         if not self.shared_torso:
             return self.policy_variables() + self.value_variables()
         log_std = [] if self.log_std is None else [self.log_std]
-        return [w.value for w in self.torso.weights + self.pi_head.weights] + log_std + [w.value for w in
-                                                                                         self.v_head.weights]
+        torso_and_pi = [w.value for w in self.torso.weights + self.pi_head.weights]
+        return torso_and_pi + log_std + [w.value for w in self.v_head.weights]
 
     def broadcast_state(self) -> list:
         """What rank 0 broadcasts each iteration: variables() + obs_rms.arrays() + ret_rms.arrays()."""

@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any
 
 _MAGIC = b"MPIBRL-CKPT-1\n"
-_NAME = re.compile(r"ckpt_(\d{8})\.pkl$")
+_NAME = re.compile(r"ckpt_(\d{8,})\.pkl")  # whole names only: "copy_of_ckpt_00000010.pkl" is not a checkpoint
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint file that cannot be used (missing, truncated, corrupted, or from another run)."""
 
 
-_TEMPORARY = re.compile(r"^\..+\.tmp\d*$")  # write_atomic's ".NAME.tmp" (and older ".NAME.tmpPID")
+# write_atomic's ".NAME.tmp" (and older ".NAME.tmpPID") of the files a run writes with it: nothing else is removed.
+_TEMPORARY = re.compile(r"\.(config\.json|progress\.csv|ckpt_\d{8,}\.pkl)\.tmp\d*")
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -31,10 +32,17 @@ def write_atomic(path: Path, data: bytes) -> None:
 
     The data goes to ``.NAME.tmp`` beside it first: one name, not one per process, since one process at a time writes
     a run directory (its lock), and a fault-injection test can then name the file. A kill part-way leaves that file
-    behind; ``remove_temporary_files`` clears it."""
+    behind; ``remove_temporary_files`` clears it. The file is created anew (O_EXCL, O_NOFOLLOW): whatever stands at
+    that name, a symbolic link planted there included, is unlinked first, never written through."""
     tmp = path.with_name(f".{path.name}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(tmp, "wb") as f:
+        try:
+            fd = os.open(tmp, flags, 0o644)
+        except FileExistsError:  # stale (the writer was killed) or planted: the lock says no write is under way
+            tmp.unlink()
+            fd = os.open(tmp, flags, 0o644)
+        with open(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -57,19 +65,22 @@ def remove_temporary_files(directory: Path) -> list[Path]:
     the directory (its lock), when no write can be under way. Returns what was removed."""
     removed = []
     for path in directory.iterdir() if directory.is_dir() else []:
-        if _TEMPORARY.match(path.name) and path.is_file():
+        if _TEMPORARY.fullmatch(path.name) and (path.is_symlink() or path.is_file()):
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
 
 
 def save_checkpoint(directory: Path, iteration: int, state: dict[str, Any], keep: int = 3) -> Path:
-    """Write ``state`` as directory/ckpt_{iteration:08d}.pkl, keeping the newest ``keep`` checkpoints."""
+    """Write ``state`` as directory/ckpt_{iteration:08d}.pkl, then remove the checkpoints of earlier iterations but the
+    newest ``keep`` - 1 of them. Only earlier ones: the one just written is never removed, whatever else the directory
+    holds (a checkpoint of a later iteration, left by a run resumed from an earlier one, stays until overwritten)."""
     directory.mkdir(parents=True, exist_ok=True)
     payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
     path = directory / f"ckpt_{iteration:08d}.pkl"
     write_atomic(path, _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
-    for old in list_checkpoints(directory)[:-keep]:
+    earlier = [p for p in list_checkpoints(directory) if checkpoint_iteration(p) < iteration]
+    for old in earlier[: max(0, len(earlier) - (keep - 1))]:
         old.unlink(missing_ok=True)
     return path
 
@@ -89,11 +100,17 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return pickle.loads(payload)
 
 
+def checkpoint_iteration(path: Path) -> int:
+    """The iteration of a checkpoint's file name (ckpt_00000012.pkl: 12)."""
+    return int(_NAME.fullmatch(path.name).group(1))
+
+
 def list_checkpoints(directory: Path) -> list[Path]:
-    """Checkpoint files in ``directory``, oldest first."""
+    """The checkpoint files in ``directory``, by iteration, the oldest first: files named exactly as save_checkpoint
+    names them, nothing else (copies, backups and other names beside them are not checkpoints)."""
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir() if _NAME.search(p.name))
+    return sorted((p for p in directory.iterdir() if _NAME.fullmatch(p.name) and p.is_file()), key=checkpoint_iteration)
 
 
 def load_latest_checkpoint(directory: Path) -> tuple[Path, dict[str, Any], list[str]]:

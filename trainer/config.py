@@ -189,6 +189,27 @@ def load_saved_config(run_dir: Path) -> dict:
 
 
 
+def check_holds_a_run(run_dir: Path, option: str) -> None:
+    """ValueError with a one-line reason, before anything in it is touched, when ``run_dir`` exists and is not a run of
+    this project. A run of this project is a directory whose config.json load_saved_config accepts, or one that holds
+    nothing but the lock files trainer.run_dir makes: what the launching process has just made for its ranks."""
+    from trainer.run_dir import LOCK_FILE, OWNER_FILE
+
+    if not run_dir.exists():
+        return
+    if not run_dir.is_dir():
+        raise ValueError(f"{option} {run_dir} is a file, not a directory: name a new directory or a run's")
+    names = {path.name for path in run_dir.iterdir()}
+    if names <= {LOCK_FILE, OWNER_FILE}:
+        return
+    try:
+        load_saved_config(run_dir)
+    except ValueError:
+        shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
+        raise ValueError(f"{option} {run_dir} holds files of something other than a train.py run ({shown}) and "
+                         "no run's config.json: name a new directory or a run's; nothing in it was touched") from None
+
+
 def explicit_settings(args: argparse.Namespace) -> dict:
     """The TrainConfig fields the user set on the command line, parsed; ValueError with a one-line reason if bad."""
     names = {f.name for f in fields(TrainConfig)}
@@ -249,6 +270,7 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
             config.batch_split = "shared"  # with even shares rank 0 rolls out its own after the update: no gain
         if args.run_dir:
             run_dir = Path(args.run_dir)
+            check_holds_a_run(run_dir, "--run_dir")
             if list_checkpoints(run_dir / "checkpoints"):
                 raise ValueError(f"--run_dir {run_dir} holds a run's checkpoints: continue it with --resume "
                                  f"{run_dir}, or name another directory")

@@ -20,7 +20,7 @@ from trainer.config import TrainConfig
 from trainer.counters import Counters
 from trainer.kernels import rank0_tensorflow_kernels
 from trainer.resume import as_numpy
-from trainer.run_dir import RunDirInUseError, RunDirLock, lock_run_dir
+from trainer.run_dir import RunDirLock, lock_run_dir
 from trainer.versions import stack_versions, version_changes
 
 
@@ -84,7 +84,7 @@ class Learner:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             try:
                 self._lock = lock_run_dir(self.run_dir)
-            except RunDirInUseError as error:
+            except ValueError as error:  # in use by another job (RunDirInUseError), or a link planted as the lock
                 mpi_util.abort(f"train.py: error: {error}")
             # What a process killed part-way through a write left (no write is under way: the lock is ours).
             for directory in (self.run_dir, self.run_dir / "checkpoints"):

@@ -136,7 +136,16 @@ def lock_run_dir(run_dir: Path, flock: Callable[[int, int], None] = fcntl.flock)
     checkpoints and logs. ``flock`` is the system call used, a parameter so that a filesystem without it can be
     stood in for. Where it fails with ENOSYS, ENOLCK or EOPNOTSUPP the lock is the lock file RUN_DIR/.lock-owner.
     """
-    handle = open(run_dir / LOCK_FILE, "a")  # noqa: SIM115  (kept open: closing it releases the lock)
+    # Opened without following a link: a link planted at that name is refused, not written through.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(run_dir / LOCK_FILE, flags, 0o644)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        raise ValueError(f"{run_dir / LOCK_FILE} is a symbolic link, which train.py does not follow: remove it "
+                         "(the run's lock is a plain file)") from None
+    handle = os.fdopen(fd, "a")  # kept open: closing it releases the lock
     try:
         flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -1,0 +1,97 @@
+"""Checkpoints are found by their exact names and ordered by iteration, a --run_dir that is not a run is refused
+untouched, and no file a run writes follows a link planted at its name."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from conftest import FEW_MINIBATCHES, REPO, run_bounded
+from test_train import progress, train
+
+from trainer.checkpoint import list_checkpoints, remove_temporary_files, save_checkpoint, write_atomic
+from trainer.run_dir import LOCK_FILE
+
+TRAIN = str(REPO / "train.py")
+# 3 iterations of 512 steps, a checkpoint after each (the newest 3 kept).
+CARTPOLE = ["CartPole-v1", "--nprocs", "2", "--batch_size", "512", *FEW_MINIBATCHES, "--checkpoint_every", "1"]
+# Names beside the real checkpoints that are not checkpoints: a copy that sorted last by whole name, a backup, a
+# number of other digits, a directory.
+ODD_NAMES = ["copy_of_ckpt_00000009.pkl", "ckpt_00000009.pkl.bak", "ckpt_0000009.pkl", "old_ckpt_00000099.pkl"]
+
+
+def test_odd_names_beside_the_checkpoints_are_neither_resumed_from_nor_pruned(tmp_path):
+    run_dir, _ = train(*CARTPOLE, "--total_steps", "1536", "--logdir", str(tmp_path))
+    checkpoints = run_dir / "checkpoints"
+    first = (checkpoints / "ckpt_00000001.pkl").read_bytes()
+    for name in ODD_NAMES:
+        (checkpoints / name).write_bytes(first)  # each a valid checkpoint of iteration 1 under another name
+    (checkpoints / "ckpt_00000098.pkl").mkdir()
+    resumed, out = train("--resume", str(run_dir), "--total_steps", "3072")
+    assert "from ckpt_00000003.pkl: iteration 3, step 1536" in out  # the highest iteration, not the last name
+    assert [row["iteration"] for row in progress(resumed)] == [str(i) for i in range(1, 7)]
+    assert [p.name for p in list_checkpoints(checkpoints)] == ["ckpt_00000004.pkl", "ckpt_00000005.pkl",
+                                                               "ckpt_00000006.pkl"]
+    assert all((checkpoints / name).read_bytes() == first for name in ODD_NAMES)  # pruning left them alone
+
+
+def test_pruning_never_removes_the_checkpoint_just_written(tmp_path):
+    # A run resumed from iteration 2 (its newer checkpoints were corrupt) saves iteration 3 beside 8 and 9: the new
+    # one and the newest earlier ones stay, the later ones wait to be overwritten.
+    for iteration in (1, 2, 8, 9):
+        save_checkpoint(tmp_path, iteration, {"iteration": iteration}, keep=10)
+    save_checkpoint(tmp_path, 3, {"iteration": 3}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_00000002.pkl", "ckpt_00000003.pkl",
+                                                            "ckpt_00000008.pkl", "ckpt_00000009.pkl"]
+    save_checkpoint(tmp_path, 100_000_000, {"iteration": 0}, keep=1)  # nine digits still sort by number
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_100000000.pkl"]
+
+
+def test_a_run_dir_holding_other_files_is_refused_untouched(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    files = {"config.json": '{"name": "my project"}\n', "progress.csv": "a,b\n1,2\n", ".notes.tmp": "mine\n",
+             ".config.json.tmp": "mine too\n"}
+    for name, text in files.items():
+        (project / name).write_text(text)
+    result = run_bounded([sys.executable, TRAIN, "CartPole-v1", "--run_dir", str(project), "--total_steps", "512"],
+                         timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.splitlines() == [
+        f"train.py: error: --run_dir {project} holds files of something other than a train.py run (.config.json.tmp, "
+        ".notes.tmp, config.json, ...) and no run's config.json: name a new directory or a run's; nothing in it was "
+        "touched"]
+    assert {p.name: p.read_text() for p in project.iterdir()} == files
+    # A run's directory with no checkpoint yet (a job that restarts names the same --run_dir) is taken.
+    run_dir, _ = train(*CARTPOLE, "--total_steps", "512", "--logdir", str(tmp_path / "runs"))
+    shutil.rmtree(run_dir / "checkpoints")
+    again, _ = train(*CARTPOLE, "--total_steps", "512", "--run_dir", str(run_dir))
+    assert again == run_dir and len(progress(run_dir)) == 1
+
+
+def test_no_write_follows_a_link_planted_at_a_temporary_or_lock_name(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / ".config.json.tmp").symlink_to(victim)
+    write_atomic(run_dir / "config.json", b"{}\n")
+    assert victim.read_text() == "precious\n" and (run_dir / "config.json").read_bytes() == b"{}\n"
+    assert not (run_dir / ".config.json.tmp").exists()
+    # Clean-up takes this project's temporary names only, links included, and never what they point to.
+    (run_dir / "checkpoints" / ".ckpt_00000004.pkl.tmp").symlink_to(victim)
+    (run_dir / "checkpoints" / ".mine.tmp").write_text("not ours\n")
+    assert [p.name for p in remove_temporary_files(run_dir / "checkpoints")] == [".ckpt_00000004.pkl.tmp"]
+    assert victim.read_text() == "precious\n" and (run_dir / "checkpoints" / ".mine.tmp").exists()
+    # The lock: a link at its name is refused in one line, before the run starts.
+    new_run = tmp_path / "new_run"
+    new_run.mkdir()
+    (new_run / LOCK_FILE).symlink_to(victim)
+    result = run_bounded([sys.executable, TRAIN, "CartPole-v1", "--run_dir", str(new_run), "--total_steps", "512"],
+                         timeout=60)
+    assert result.returncode == 2 and victim.read_text() == "precious\n"
+    assert result.stderr.splitlines() == [f"train.py: error: {new_run / LOCK_FILE} is a symbolic link, which train.py "
+                                          "does not follow: remove it (the run's lock is a plain file)"]
+    assert os.path.islink(new_run / LOCK_FILE) and Path(os.readlink(new_run / LOCK_FILE)) == victim
