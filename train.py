@@ -65,7 +65,7 @@ def main() -> int:
         from trainer.play import play
 
         restore_default_signal_handlers()
-        return play(Path(args.play), args.episodes, args.video)
+        return play(Path(args.play), args.episodes, args.video, args.env_name)
     try:
         config, run_dir, resuming = build_config(args)
         launch = launch_settings(args, config.nprocs)
@@ -107,7 +107,7 @@ def main_in_rank(args: argparse.Namespace) -> int:
         if rank == 0:
             from trainer.play import play
 
-            return play(Path(args.play), args.episodes, args.video)
+            return play(Path(args.play), args.episodes, args.video, args.env_name)
         return 0
     setup: tuple | str | None = None
     if rank == 0:

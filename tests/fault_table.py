@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import shutil
 import signal
@@ -99,6 +100,12 @@ def newest_checkpoint(run_dir: Path) -> tuple[int, int]:
     except CHECKPOINT.CheckpointError:
         return 0, 0
     return int(state["counters"][0]), int(state["counters"][1])
+
+
+def named_env(run_dir: Path) -> str:
+    """The env id of a run's config.json, named beside --resume as a user does: train.py imports a module that a
+    run's env id names (module:Id) only when the command line names that id too."""
+    return json.loads((run_dir / "config.json").read_text())["env_id"]
 
 
 def run_dir_in(logdir: Path) -> Path | None:
@@ -210,7 +217,7 @@ def measure(row: Row, launch: Launch, logdir: Path, before_rows: list[dict[str, 
         logged_steps = max((int(r["total_steps"]) for r in [*before_rows, *after]), default=0)
         row.steps_to_redo = max(0, logged_steps - checkpoint_steps)
         if resume_args is not None:
-            resumed = start(logdir, "resume", "--resume", str(run_dir), *resume_args)
+            resumed = start(logdir, "resume", named_env(run_dir), "--resume", str(run_dir), *resume_args)
             resumed.finish(logdir)
             row.resumed = "yes" if resumed.returncode == 0 and "done:" in resumed.stdout() else \
                 f"no ({resumed.returncode})"
@@ -316,7 +323,7 @@ def full_disk(work: Path) -> Row:
                       fault_at, None)
         (logdir / "filler").unlink()  # space again: the run goes on from its newest checkpoint
         run_dir = run_dir_in(logdir / "runs")
-        resumed = start(work, "resume", "--resume", str(run_dir), "--total_steps",
+        resumed = start(work, "resume", named_env(run_dir), "--resume", str(run_dir), "--total_steps",
                         str(1024 * (newest_checkpoint(run_dir)[0] + 1)))
         resumed.finish(work)
         row.resumed = "yes" if resumed.returncode == 0 else f"no ({resumed.returncode})"

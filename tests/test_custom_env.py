@@ -26,12 +26,14 @@ def test_train_py_trains_and_plays_an_env_registered_by_importing_its_module(tmp
     assert json.loads((run_dir / "config.json").read_text())["env_id"] == "corridor_env:Corridor-v0"
     with open(run_dir / "progress.csv") as f:
         assert [int(row["total_steps"]) for row in csv.DictReader(f)] == [512, 1024]
-    # --play makes the env again in a new process: the "corridor_env:" prefix imports the module there too.
-    played = run_bounded([sys.executable, TRAIN, "--play", str(run_dir), "--episodes", "2"], timeout=120, env=env)
+    # --play makes the env again in a new process: the "corridor_env:" prefix, named again, imports the module there.
+    played = run_bounded([sys.executable, TRAIN, "corridor_env:Corridor-v0", "--play", str(run_dir), "--episodes",
+                          "2"], timeout=120, env=env)
     assert played.returncode == 0, played.stderr[-3000:]
     assert "mean return" in played.stdout and "over 2 episodes" in played.stdout, played.stdout
     # Where the module cannot be imported, --play says so in one line, naming the way to fix it.
-    lost = run_bounded([sys.executable, TRAIN, "--play", str(run_dir), "--episodes", "2"], timeout=120)
+    lost = run_bounded([sys.executable, TRAIN, "corridor_env:Corridor-v0", "--play", str(run_dir), "--episodes", "2"],
+                       timeout=120)
     assert lost.returncode == 2 and "episode" not in lost.stdout, lost.stdout
     (line,) = lost.stderr.splitlines()
     assert line.startswith("train.py: error: cannot make corridor_env:Corridor-v0 (ModuleNotFoundError: ") and \

@@ -185,7 +185,8 @@ def test_full_disk_at_checkpoint_names_last_good_one(tmp_path):
     # From iteration 4 on (1024 env steps per rank per iteration, counted from the run's start: the env comes back from
     # the checkpoint with its count; the shared memory is made by then), writes past 60 kB fail (EFBIG), as writes to
     # a full disk fail (ENOSPC): logs fit, the checkpoint not.
-    result = run_bounded([sys.executable, TRAIN, "--resume", str(run_dir), "--nprocs", "2", "--total_steps", "8192"],
+    result = run_bounded([sys.executable, TRAIN, FAULTY, "--resume", str(run_dir), "--nprocs", "2", "--total_steps",
+                          "8192"],
                          timeout=150, env={"FAULT_KIND": "file_limit", "FAULT_FILE_BYTES": "60000",
                                            "FAULT_AT_STEP": "3073"})
     assert result.returncode != 0

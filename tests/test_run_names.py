@@ -95,3 +95,27 @@ def test_no_write_follows_a_link_planted_at_a_temporary_or_lock_name(tmp_path):
     assert result.stderr.splitlines() == [f"train.py: error: {new_run / LOCK_FILE} is a symbolic link, which train.py "
                                           "does not follow: remove it (the run's lock is a plain file)"]
     assert os.path.islink(new_run / LOCK_FILE) and Path(os.readlink(new_run / LOCK_FILE)) == victim
+
+
+PAYLOAD = "from pathlib import Path\nPath(__file__).with_name('imported').write_text('payload ran')\n"
+
+
+def test_a_module_named_by_a_received_config_json_is_imported_only_when_the_user_names_it(tmp_path):
+    run_dir, _ = train(*CARTPOLE, "--total_steps", "512", "--logdir", str(tmp_path / "runs"))
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "payload.py").write_text(PAYLOAD)
+    config = run_dir / "config.json"
+    config.write_text(config.read_text().replace('"env_id": "CartPole-v1"', '"env_id": "payload:CartPole-v1"'))
+    env = {"PYTHONPATH": f"{REPO}:{modules}"}  # importable, as a module beside a received run would be
+    for option in ("--play", "--resume"):
+        result = run_bounded([sys.executable, TRAIN, option, str(run_dir), *(["--total_steps", "1024"]
+                              if option == "--resume" else [])], timeout=60, env=env)
+        assert result.returncode == 2 and not (modules / "imported").exists(), result.stderr[-2000:]
+        assert result.stderr.splitlines() == [
+            f"train.py: error: {option} {run_dir}: its config.json names the env payload:CartPole-v1, which would "
+            "import the module payload; train.py imports a module a run names only when you name it as well: python "
+            f"train.py payload:CartPole-v1 {option} {run_dir}"]
+    played = run_bounded([sys.executable, TRAIN, "payload:CartPole-v1", "--play", str(run_dir), "--episodes", "1"],
+                         timeout=60, env=env)
+    assert played.returncode == 0 and (modules / "imported").read_text() == "payload ran", played.stderr[-2000:]

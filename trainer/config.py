@@ -141,6 +141,18 @@ def resolve_env_id(name: str) -> str:
 
 
 
+def check_named_module(saved_env_id: str, named: str | None, option: str, run_dir: Path) -> None:
+    """ValueError with a one-line reason when a run's config.json names an env id that imports a module
+    (``module:Id``) and the user did not name that id on the command line (``named``, train.py's env argument):
+    a run directory someone hands you is data, and importing a module it names would run its code."""
+    module = saved_env_id.rpartition(":")[0]
+    if not module or (named is not None and (named == saved_env_id or resolve_env_id(named) == saved_env_id)):
+        return
+    raise ValueError(f"{option} {run_dir}: its config.json names the env {saved_env_id}, which would import the module "
+                     f"{module}; train.py imports a module a run names only when you name it as well: python "
+                     f"train.py {saved_env_id} {option} {run_dir}")
+
+
 def check_env_spaces(env_id: str) -> None:
     """ValueError with a one-line reason when train.py's policies cannot read the env's observations or produce its
     actions (algos.spaces says what they can)."""
@@ -245,6 +257,7 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, bool]:
         if not (run_dir / "config.json").is_file():
             raise ValueError(f"--resume {run_dir}: not a run directory (no config.json)")
         saved = load_saved_config(run_dir)
+        check_named_module(saved["env_id"], args.env_name, "--resume", run_dir)
         if args.env_name and resolve_env_id(args.env_name) != saved["env_id"]:
             raise ValueError(f"--resume {run_dir} is a {saved['env_id']} run, not {resolve_env_id(args.env_name)}")
         if given.get("algo", saved["algo"]) != saved["algo"]:

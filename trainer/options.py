@@ -93,7 +93,9 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     parser = _OneLineParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog=_EPILOG)
     parser.add_argument("env_name", nargs="?", help="gymnasium env id; without a version the newest one "
-                        "(Walker2d -> Walker2d-v5); 'package.module:EnvId' imports the module that registers it. "
+                        "(Walker2d -> Walker2d-v5); 'package.module:EnvId' imports the module that registers it, "
+                        "and with --resume or --play a run whose env is such an id is continued or played only when "
+                        "you name that id here too (a run directory is data: it imports nothing by itself). "
                         "Vector or image (H x W x C, uint8) observations, Dict and Tuple flattened; Box, Discrete, "
                         "MultiDiscrete or MultiBinary actions.")
     types = typing.get_type_hints(TrainConfig)

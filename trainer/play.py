@@ -17,18 +17,26 @@ from typing import Any
 import numpy as np
 
 
-def play(run_dir: Path, episodes: int, video_path: str | None) -> int:
-    """Play ``episodes`` episodes with the newest good checkpoint of ``run_dir``; 0 on success, 2 on bad input."""
+def play(run_dir: Path, episodes: int, video_path: str | None, env_name: str | None = None) -> int:
+    """Play ``episodes`` episodes with the newest good checkpoint of ``run_dir``; 0 on success, 2 on bad input.
+    ``env_name``: the env train.py was given beside --play; a run whose env id imports a module is played only when
+    it names that id (trainer.config.check_named_module)."""
     from algos.numpy_actor import NumpyActor
     from algos.registry import shares_torso
     from algos.spaces import action_spec, obs_spec
     from trainer.checkpoint import CheckpointError, load_latest_checkpoint
+    from trainer.config import check_named_module
 
     problem = check_play_inputs(run_dir, episodes, video_path)
     if problem:
         print(f"train.py: error: {problem}", file=sys.stderr)
         return 2
     config = json.loads((run_dir / "config.json").read_text())
+    try:
+        check_named_module(str(config.get("env_id", "")), env_name, "--play", run_dir)
+    except ValueError as error:
+        print(f"train.py: error: {error}", file=sys.stderr)
+        return 2
     try:
         path, state, warnings = load_latest_checkpoint(run_dir / "checkpoints")
     except CheckpointError as error:
