@@ -18,6 +18,7 @@ import selectors
 import shutil
 import signal
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -104,21 +105,36 @@ def record_rank(rank: int, gather: Callable[[dict], list[dict] | None] | None = 
     directory = os.environ.get(JOB_DIR_VARIABLE)
     if not directory or _recorded_rank is not None:
         return
+    ours = job_dir_is_ours(Path(directory))  # may differ from host to host; the gather below is every rank's
     mine = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "shm": mapped_shared_memory()}
     try:
-        _write_json(Path(directory) / f"rank_{rank}.json", mine)
-        _recorded_rank = rank
-        atexit.register(note_exit, "exited")
-        _connect_to_watch(Path(directory) / WATCH_SOCKET, rank)
+        if ours:
+            _write_json(Path(directory) / f"rank_{rank}.json", mine)
+            _recorded_rank = rank
+            atexit.register(note_exit, "exited")
+            _connect_to_watch(Path(directory) / WATCH_SOCKET, rank)
     except OSError:
         pass  # another host, without this directory: rank 0 writes this record
     everyone = gather(mine) if gather is not None else None
-    for record in everyone or []:
+    for record in everyone if ours and everyone else []:
         if record["rank"] != rank:
             try:
                 _write_json(Path(directory) / f"rank_{record['rank']}.json", record)
             except OSError:
                 return
+
+
+def job_dir_is_ours(path: Path) -> bool:
+    """Whether ``path``, MPI_UTIL_JOB_DIR as this rank received it, is a directory the launching process could have
+    made: not a link, owned by this user, open to nobody else (mode 0700, as mkdtemp makes it). The same path is named
+    on every host, and on a host that does not share the launching one's /tmp another user may have made it first to
+    receive the ranks' records and their connection (whose closing makes a rank stop and remove the directory): a
+    rank uses it only when this holds, and otherwise leaves it alone, as it does where the path is missing."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077 == 0
 
 
 def _connect_to_watch(path: Path, rank: int) -> None:

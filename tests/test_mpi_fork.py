@@ -146,3 +146,40 @@ def test_readme_recipe_ends_with_identical_weights(nprocs):
     assert len({c for _, c in checksums}) == 1, checksums
     losses = [float(x) for x in re.findall(r"loss ([\d.]+)", result.stdout)]
     assert losses[-1] < 0.01  # the rank-0 learner really learned from everyone's rows
+
+
+@pytest.mark.parametrize("made_by", ["this user, mode 0700", "this user, open to all", "another user", "a link"])
+def test_ranks_use_a_job_directory_only_when_this_user_made_it_for_them(tmp_path, made_by):
+    # MPI_UTIL_JOB_DIR names the same path on every host; where another user made it first, the ranks must neither
+    # write their records there nor connect to a socket waiting in it (its closing would stop them and remove the
+    # directory). The first case shows what the ranks do with a directory that is theirs.
+    from conftest import launcher
+
+    from mpi_util.supervise import WATCH_SOCKET
+
+    job_dir = tmp_path / "mpi_util_job_squatted"
+    if made_by == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        job_dir.symlink_to(tmp_path / "elsewhere")
+    else:
+        job_dir.mkdir(mode=0o700)
+        if made_by == "this user, open to all":
+            job_dir.chmod(0o777)
+        elif made_by == "another user":
+            if os.geteuid() != 0:
+                pytest.skip("needs root to make a directory another user owns")
+            os.chown(job_dir, 65534, 65534)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(job_dir / WATCH_SOCKET))
+    listener.listen(4)
+    command, settings = launcher("-n", "2", sys.executable, "-c", "import mpi_util; mpi_util.init()")
+    result = run_bounded(command, 60, {**settings, "PYTHONPATH": str(REPO), "MPI_UTIL_JOB_DIR": str(job_dir)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    connected = select.select([listener], [], [], 0)[0]
+    records = sorted(p.name for p in job_dir.iterdir() if p.name.startswith("rank_"))
+    listener.close()
+    if made_by == "this user, mode 0700":
+        assert connected and records == ["rank_0.json", "rank_1.json"]
+    else:
+        assert not connected and records == [], (connected, records)
+        assert (job_dir / WATCH_SOCKET).exists()  # nothing removed
