@@ -57,7 +57,7 @@ def main() -> int:
                             "train.py restarts only a job it launched itself (python train.py ... --nprocs N)",
                             file=sys.stderr)
         return main_in_rank(args)
-    missing = missing_modules(WORKER_MODULES if args.play else RL_MODULES)
+    missing = missing_modules(WORKER_MODULES if args.play or args.export else RL_MODULES)
     if missing:
         print(f"train.py: error: {missing}", file=sys.stderr)
         return 2
@@ -66,6 +66,10 @@ def main() -> int:
 
         restore_default_signal_handlers()
         return play(Path(args.play), args.episodes, args.video, args.env_name)
+    if args.export:
+        from trainer.play import export
+
+        return export(Path(args.export[0]), Path(args.export[1]), args.env_name)
     try:
         config, run_dir, resuming = build_config(args)
         launch = launch_settings(args, config.nprocs)
@@ -98,15 +102,17 @@ def main_in_rank(args: argparse.Namespace) -> int:
     rank 0 need nothing from it; a problem seen on any rank ends the whole job at once, naming the rank and host."""
     mpi_util.init()  # an uncaught exception on any rank now ends the job, naming the rank
     rank = mpi_util.rank
-    missing = missing_modules(RL_MODULES if rank == 0 and not args.play else WORKER_MODULES)
+    missing = missing_modules(RL_MODULES if rank == 0 and not (args.play or args.export) else WORKER_MODULES)
     if missing:
         where = f" on rank {rank} (host {platform.node()})" if mpi_util.nworkers > 1 else ""
         mpi_util.abort(f"train.py: error{where}: {missing}", code=2)
-    if args.play:
+    if args.play or args.export:
         restore_default_signal_handlers()
         if rank == 0:
-            from trainer.play import play
+            from trainer.play import export, play
 
+            if args.export:
+                return export(Path(args.export[0]), Path(args.export[1]), args.env_name)
             return play(Path(args.play), args.episodes, args.video, args.env_name)
         return 0
     setup: tuple | str | None = None

@@ -5,7 +5,10 @@ Numpy only (no TensorFlow), so that rollouts and ``train.py --play`` work withou
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -114,6 +117,11 @@ def actor_critic_state_like(obs: ObsSpec, action: ActionSpec, hidden: tuple[int,
     return network_like(obs, hidden, action.n_outputs) + log_std + network_like(obs, hidden, 1) + normalizers
 
 
+POLICY_FORMAT = "mpi-batch-rl policy"
+"""What a policy file's spec names itself (NumpyActor.save): one .npz of plain arrays and a JSON spec."""
+POLICY_VERSION = 1
+
+
 class NumpyActor:
     """A numpy snapshot of an ActorCritic: acts and evaluates values on RAW observations, without TensorFlow.
 
@@ -176,6 +184,61 @@ class NumpyActor:
         for dst, src in zip(obs_rms.arrays() + ret_rms.arrays(), rest, strict=True):
             np.copyto(dst, src)
         return cls(pi_weights, log_std, v_weights, obs_rms, ret_rms, obs, action, torso)
+
+    def state_arrays(self) -> list[np.ndarray]:
+        """The actor's arrays in the layout of actor_critic_state_like (what from_ac_state takes back)."""
+        log_std = [] if self.log_std is None else [self.log_std]
+        return [*(self.torso_weights or []), *self.pi_weights, *log_std, *self.v_weights, *self.obs_rms.arrays(),
+                *self.ret_rms.arrays()]
+
+    def save(self, file: str | Path | BinaryIO, about: dict[str, Any]) -> None:
+        """Write this policy as one file that loads without pickle, TensorFlow or this project's trainer: an .npz of
+        plain arrays (a0, a1, ... in state_arrays' order) and "spec", a JSON text of the observations, actions,
+        network and normalizers, with ``about`` (JSON data: the env id, seed, algorithm, steps trained) beside
+        them. NumpyActor.load reads it."""
+        shared = self.torso_weights is not None
+        mlp = not self.obs.is_image
+        spec = {
+            "format": POLICY_FORMAT, "version": POLICY_VERSION,
+            "obs": {"shape": list(self.obs.shape), "scale": self.obs.scale},
+            "action": {"shape": list(self.action.shape),
+                       "nvec": None if self.action.nvec is None else list(self.action.nvec)},
+            "network": {"kind": "mlp" if mlp else "cnn", "shared_torso": shared,
+                        "hidden": [int(w.shape[1]) for w in self.pi_weights[:-2:2]] if mlp else [],
+                        "cnn_layers": [] if mlp else [list(layer) for layer in conv_layers(self.obs.shape)[0]],
+                        "activation": "tanh" if mlp else "relu"},
+            "normalizers": {"obs": "vectors: (obs - mean) / sqrt(var + 1e-8), clipped to +-10; images: times scale",
+                            "value": "outputs times sqrt(ret var + 1e-8) plus ret mean"},
+            "arrays": [list(a.shape) for a in self.state_arrays()],
+            **about,
+        }
+        arrays = {f"a{i}": np.asarray(a) for i, a in enumerate(self.state_arrays())}
+        if not isinstance(file, (str, Path)):  # an open binary file
+            np.savez(file, spec=np.array(json.dumps(spec)), **arrays)
+            return
+        with open(file, "wb") as f:  # np.savez would add ".npz" to a name without it
+            np.savez(f, spec=np.array(json.dumps(spec)), **arrays)
+
+    @classmethod
+    def load(cls, path: str | Path) -> tuple[NumpyActor, dict[str, Any]]:
+        """The policy NumpyActor.save wrote, and its spec (a dict of JSON data); ValueError with a one-line reason
+        when the file is not one. Reads arrays only (np.load with allow_pickle=False): loading runs no code."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                spec = json.loads(str(data["spec"]))
+                arrays = [data[f"a{i}"] for i in range(len(spec["arrays"]))]
+            if spec.get("format") != POLICY_FORMAT or spec.get("version") != POLICY_VERSION:
+                raise ValueError(f"its spec says format {spec.get('format')!r} version {spec.get('version')!r}")
+            obs = ObsSpec(tuple(spec["obs"]["shape"]), float(spec["obs"]["scale"]))
+            nvec = spec["action"]["nvec"]
+            action = ActionSpec(tuple(spec["action"]["shape"]), None if nvec is None else tuple(nvec))
+            network = spec["network"]
+            actor = cls.from_ac_state(arrays, tuple(network["hidden"]) or (64, 64), obs, action,
+                                      network["shared_torso"])
+        except (OSError, KeyError, TypeError, ValueError, json.JSONDecodeError) as error:
+            raise ValueError(f"{path} is not a policy file of train.py --export ({type(error).__name__}: "
+                             f"{' '.join(str(error).split())})") from None
+        return actor, spec
 
     def act(self, raw_obs: np.ndarray, rng: np.random.Generator, deterministic: bool = False) -> np.ndarray:
         """Actions for raw_obs (N, *obs shape): (N, act_dim) float32 (Box, NOT clipped), (N,) int64 (Discrete) or

@@ -25,7 +25,8 @@ ELISION = "..."
 RUN_BY = {"recipe.py": "test_mpi_fork.py", "sb3_ppo_mpi.py": "test_sb3.py", "sb3_evaluate.py": "test_sb3.py",
           "sb3_subproc_mpi.py": "test_examples.py", "sb3_atari_mpi.py": "test_examples.py",
           "cleanrl_ppo_mpi.py": "test_examples.py", "torch_pg_mpi.py": "test_examples.py",
-          "keras_pg_mpi.py": "test_examples.py", "jax_pg_mpi.py": "test_examples.py"}
+          "keras_pg_mpi.py": "test_examples.py", "jax_pg_mpi.py": "test_examples.py",
+          "play_policy_file.py": "test_run_names.py"}
 
 
 def python_snippets(path: Path) -> list[str]:

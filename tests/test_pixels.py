@@ -188,6 +188,14 @@ def test_atari_trains_on_two_processes_quietly_resumes_bit_for_bit_and_plays_the
     assert "from ckpt_00000001.pkl: iteration 1, step 256" in out
     for mine, theirs in zip(load_latest_checkpoint(resumed / "checkpoints")[1]["ac_state"], ac_state, strict=True):
         np.testing.assert_array_equal(mine, theirs)
+    # Exported, the shared torso's policy is one file of arrays that acts as the checkpoint's actor does.
+    exported = run_bounded([sys.executable, TRAIN, "--export", str(run_dir), str(tmp_path / "pong.npz")], timeout=120)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    loaded, spec = NumpyActor.load(tmp_path / "pong.npz")
+    assert spec["network"]["shared_torso"] and spec["network"]["cnn_layers"] == [[32, 8, 4], [64, 4, 2], [64, 3, 1]]
+    frames = np.random.default_rng(3).integers(0, 256, (4, 84, 84, 4), dtype=np.uint8)
+    actor = NumpyActor.from_ac_state(ac_state, (64, 64), loaded.obs, loaded.action, shared_torso=True)
+    np.testing.assert_array_equal(loaded.value(frames), actor.value(frames))
     played = run_bounded([sys.executable, TRAIN, "--play", str(run_dir), "--episodes", "1"], timeout=240)
     assert played.returncode == 0 and played.stderr == "", played.stderr[-3000:]
     # A whole game of Pong: one side reaches 21, so the score is between -21 and 21 and not 0 points in all.

@@ -4,6 +4,7 @@ untouched, and no file a run writes follows a link planted at its name."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -119,3 +120,55 @@ def test_a_module_named_by_a_received_config_json_is_imported_only_when_the_user
     played = run_bounded([sys.executable, TRAIN, "payload:CartPole-v1", "--play", str(run_dir), "--episodes", "1"],
                          timeout=60, env=env)
     assert played.returncode == 0 and (modules / "imported").read_text() == "payload ran", played.stderr[-2000:]
+
+
+LOAD_ALONE = """
+import json, sys
+import numpy as np
+from algos.numpy_actor import NumpyActor
+actor, spec = NumpyActor.load(sys.argv[1])
+obs = np.random.default_rng(0).normal(size=(16, *actor.obs.shape)).astype(np.float32)
+print(json.dumps({"actions": actor.act(obs, None, deterministic=True).tolist(), "values": actor.value(obs).tolist(),
+                  "env_id": spec["env_id"], "loaded": sorted(m for m in sys.modules
+                                                            if m.split(".")[0] in ("tensorflow", "trainer", "keras"))}))
+"""
+
+
+def test_an_exported_policy_is_one_file_of_data_that_plays_without_tensorflow_or_the_trainer(tmp_path):
+    import json
+
+    import numpy as np
+
+    from algos.numpy_actor import NumpyActor
+    from algos.spaces import ActionSpec, ObsSpec
+    from trainer.checkpoint import load_latest_checkpoint
+
+    run_dir, _ = train(*CARTPOLE, "--total_steps", "1024", "--logdir", str(tmp_path / "runs"))
+    policy = tmp_path / "cartpole.policy"
+    exported = run_bounded([sys.executable, TRAIN, "--export", str(run_dir), str(policy)], timeout=60)
+    assert exported.returncode == 0 and exported.stderr == "", exported.stderr[-2000:]
+    assert exported.stdout.startswith(f"wrote {policy}: the policy of ckpt_00000002.pkl (CartPole-v1, ppo, step 1024)")
+    # A fresh process that imports numpy and algos.numpy_actor alone acts as the checkpoint's actor does, bit for bit.
+    alone = run_bounded([sys.executable, "-c", LOAD_ALONE, str(policy)], timeout=60, env={"PYTHONPATH": str(REPO)})
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    result = json.loads(alone.stdout)
+    assert result["loaded"] == [] and result["env_id"] == "CartPole-v1"
+    state = load_latest_checkpoint(run_dir / "checkpoints")[1]
+    actor = NumpyActor.from_ac_state(state["ac_state"], (64, 64), ObsSpec((4,)), ActionSpec((), (2,)))
+    obs = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    assert result["actions"] == actor.act(obs, None, deterministic=True).tolist()
+    assert result["values"] == actor.value(obs).tolist()
+    played = run_bounded([sys.executable, TRAIN, "--play", str(policy), "--episodes", "1"], timeout=60)
+    assert played.returncode == 0 and "mean return" in played.stdout, played.stderr[-2000:]
+    example = run_bounded([sys.executable, str(REPO / "examples" / "play_policy_file.py"), str(policy)], timeout=60,
+                          env={"PYTHONPATH": str(REPO)})
+    assert example.returncode == 0 and example.stderr == "", example.stderr[-2000:]
+    assert re.fullmatch(r"CartPole-v1: return \d+\.0 with the policy of 1024 steps\n", example.stdout), example.stdout
+    # A file with an object array (a pickle inside) is refused in one line, and nothing in it is unpickled.
+    with np.load(policy) as data:
+        arrays = dict(data)
+    np.savez(tmp_path / "bad.npz", **{**arrays, "a0": np.array([object()], dtype=object)})
+    refused = run_bounded([sys.executable, TRAIN, "--play", str(tmp_path / "bad.npz")], timeout=60)
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert refused.stderr.startswith(f"train.py: error: {tmp_path / 'bad.npz'} is not a policy file of train.py "
+                                     "--export (ValueError: Object arrays cannot be loaded when allow_pickle=False")

@@ -123,8 +123,12 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                              "--batch_split, --stall_timeout and --stop_grace may be changed, the other settings "
                              "may not")
     launch.add_argument("--play", type=str, metavar="RUN_DIR",
-                        help="run RUN_DIR's saved policy (deterministic) and print episode returns")
+                        help="run RUN_DIR's saved policy (deterministic), or a policy file of --export, and print "
+                             "episode returns")
     launch.add_argument("--episodes", type=int, help=f"episodes for --play (default: {PLAY_EPISODES})")
+    launch.add_argument("--export", nargs=2, metavar=("RUN_DIR", "FILE"),
+                        help="write RUN_DIR's newest good policy to FILE, one file of arrays and a JSON spec that "
+                             "--play FILE and algos.numpy_actor.NumpyActor.load read without TensorFlow or pickle")
     launch.add_argument("--video", type=str, metavar="FILE",
                         help="with --play, record the episodes: FILE.mp4 (needs imageio-ffmpeg) or FILE.gif, or "
                              "FILE.png for a strip of 8 frames of the first episode (MuJoCo renders offscreen; "

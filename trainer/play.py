@@ -18,9 +18,10 @@ import numpy as np
 
 
 def play(run_dir: Path, episodes: int, video_path: str | None, env_name: str | None = None) -> int:
-    """Play ``episodes`` episodes with the newest good checkpoint of ``run_dir``; 0 on success, 2 on bad input.
-    ``env_name``: the env train.py was given beside --play; a run whose env id imports a module is played only when
-    it names that id (trainer.config.check_named_module)."""
+    """Play ``episodes`` episodes with the newest good checkpoint of ``run_dir``, or with the policy file
+    ``run_dir`` names (train.py --export's); 0 on success, 2 on bad input. ``env_name``: the env train.py was given
+    beside --play; a run or file whose env id imports a module is played only when it names that id
+    (trainer.config.check_named_module)."""
     from algos.numpy_actor import NumpyActor
     from algos.registry import shares_torso
     from algos.spaces import action_spec, obs_spec
@@ -31,6 +32,8 @@ def play(run_dir: Path, episodes: int, video_path: str | None, env_name: str | N
     if problem:
         print(f"train.py: error: {problem}", file=sys.stderr)
         return 2
+    if run_dir.is_file():
+        return play_file(run_dir, episodes, video_path, env_name)
     config = json.loads((run_dir / "config.json").read_text())
     try:
         check_named_module(str(config.get("env_id", "")), env_name, "--play", run_dir)
@@ -57,10 +60,78 @@ def play(run_dir: Path, episodes: int, video_path: str | None, env_name: str | N
         print(f"train.py: error: {path} does not hold a policy for {config['env_id']}: {error}", file=sys.stderr)
         return 2
     print(f"playing {path} ({config['env_id']}, {config['algo']}, step {int(state['counters'][1])})")
+    return play_and_record(env, actor, config["seed"], episodes, video_path)
+
+
+def play_file(path: Path, episodes: int, video_path: str | None, env_name: str | None) -> int:
+    """--play FILE: the policy file train.py --export wrote (NumpyActor.load: arrays and JSON, no pickle)."""
+    from algos.numpy_actor import NumpyActor
+    from algos.spaces import action_spec, obs_spec
+    from trainer.config import check_named_module
+
+    try:
+        actor, spec = NumpyActor.load(path)
+        check_named_module(spec["env_id"], env_name, "--play", path)
+        env = make_env(spec, video_path)
+    except (ValueError, PlayError) as error:
+        print(f"train.py: error: {error}", file=sys.stderr)
+        return 2
+    if (obs_spec(env.observation_space), action_spec(env.action_space)) != (actor.obs, actor.action):
+        print(f"train.py: error: {path} holds a policy for other spaces than {spec['env_id']} has now",
+              file=sys.stderr)
+        return 2
+    print(f"playing {path} ({spec['env_id']}, {spec['algo']}, step {spec['total_steps']})")
+    return play_and_record(env, actor, spec["seed"], episodes, video_path)
+
+
+def export(run_dir: Path, path: Path, env_name: str | None = None) -> int:
+    """train.py --export RUN_DIR FILE: the newest good checkpoint's policy as one file NumpyActor.load reads (arrays
+    and a JSON spec, no pickle); 0 on success, 2 on bad input. Reads the checkpoint, a pickle: export runs you
+    trust; the file it writes is data. ``env_name`` as for play."""
+    from algos.numpy_actor import NumpyActor
+    from algos.registry import shares_torso
+    from algos.spaces import action_spec, obs_spec
+    from trainer.checkpoint import CheckpointError, load_latest_checkpoint, write_atomic
+    from trainer.config import check_named_module
+
+    if not (run_dir / "config.json").is_file():
+        print(f"train.py: error: --export {run_dir}: not a run directory (no config.json)", file=sys.stderr)
+        return 2
+    config = json.loads((run_dir / "config.json").read_text())
+    try:
+        check_named_module(str(config.get("env_id", "")), env_name, "--export", run_dir)
+        checkpoint, state, warnings = load_latest_checkpoint(run_dir / "checkpoints")
+        env = make_env(config, None)
+        obs = obs_spec(env.observation_space)
+        actor = NumpyActor.from_ac_state(state["ac_state"], tuple(config["hidden"]), obs, action_spec(env.action_space),
+                                         shares_torso(config["algo"], obs.is_image))
+    except (CheckpointError, PlayError, KeyError, ValueError) as error:
+        print(f"train.py: error: --export {run_dir}: {error}", file=sys.stderr)
+        return 2
+    for warning in warnings:
+        print(f"train.py: warning: {warning}", file=sys.stderr)
+    about = {"env_id": config["env_id"], "algo": config["algo"], "seed": config["seed"],
+             "total_steps": int(state["counters"][1]), "checkpoint": checkpoint.name}
+    try:
+        import io
+
+        buffer = io.BytesIO()
+        actor.save(buffer, about)
+        write_atomic(path, buffer.getvalue())
+    except OSError as error:
+        print(f"train.py: error: cannot write {path}: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}: the policy of {checkpoint.name} ({config['env_id']}, {config['algo']}, step "
+          f"{about['total_steps']}); play it with python train.py --play {path}")
+    return 0
+
+
+def play_and_record(env: Any, actor: Any, seed: int, episodes: int, video_path: str | None) -> int:
+    """The episodes of --play with ``actor`` on ``env`` (seeded from the run's ``seed``), their returns printed, and
+    the video written when asked; 0 on success, 2 when the video cannot be written."""
     fps = float(env.metadata.get("render_fps", 30))
     render_every = 1 if not video_path or video_path.lower().endswith(".mp4") else math.ceil(fps / GIF_MAX_FPS)
-    returns, frames, first_episode_frames = play_episodes(env, actor, config["seed"], episodes,
-                                                          render_every if video_path else 0)
+    returns, frames, first_episode_frames = play_episodes(env, actor, seed, episodes, render_every if video_path else 0)
     print(f"mean return {np.mean(returns):.1f} over {episodes} episodes")
     if video_path:
         try:
@@ -77,8 +148,8 @@ def check_play_inputs(run_dir: Path, episodes: int, video_path: str | None) -> s
     """A one-line reason why --play cannot run as asked, found before any episode is played; None when it can."""
     import importlib.util
 
-    if not (run_dir / "config.json").is_file():
-        return f"--play {run_dir}: not a run directory (no config.json)"
+    if not run_dir.is_file() and not (run_dir / "config.json").is_file():
+        return f"--play {run_dir}: not a run directory (no config.json) nor a policy file of train.py --export"
     if episodes < 1:
         return f"--episodes must be at least 1, got {episodes}"
     if not video_path:
