@@ -306,6 +306,9 @@ def init() -> None:
     if _initialized or in_child_of_rank or not under_mpi_launcher():
         return
     _initialized = True
+    # mpi_fork's mark is this rank's, not its children's: a process it starts (a script that calls mpi_fork itself)
+    # is then not taken for a rank mpi_fork started. MPI_UTIL_JOB_DIR leaves the environment in record_rank.
+    os.environ.pop(FORKED_MARKER, None)
     install_abort_on_exception()
     settle_local_rank()
     if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there

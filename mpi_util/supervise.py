@@ -35,6 +35,7 @@ _SHARED_MEMORY = "/dev/shm"
 RANKS_PER_CPU_WARNING = 4
 
 _recorded_rank: int | None = None
+_job_dir: Path | None = None  # MPI_UTIL_JOB_DIR as this rank received it (record_rank takes it out of the environment)
 _watch_connection: socket.socket | None = None  # held open for this rank's life
 launcher_ended = False
 """In a rank on the launching process's host: True once that process has died before the job ended."""
@@ -101,10 +102,13 @@ def record_rank(rank: int, gather: Callable[[dict], list[dict] | None] | None = 
     and note at exit that this rank ended through Python. ``gather`` (every rank's record to rank 0; a collective,
     so every rank passes one or none does) lets rank 0 write the others' records too, for ranks on hosts that do
     not share the directory. Does nothing outside such a job; a rank that cannot write the directory is skipped."""
-    global _recorded_rank
-    directory = os.environ.get(JOB_DIR_VARIABLE)
+    global _recorded_rank, _job_dir
+    # Taken out of the environment, so that a process this rank starts (a script of the user's that uses mpi_util)
+    # does not take itself for this rank and report to the launching process as one.
+    directory = os.environ.pop(JOB_DIR_VARIABLE, None)
     if not directory or _recorded_rank is not None:
         return
+    _job_dir = Path(directory)
     ours = job_dir_is_ours(Path(directory))  # may differ from host to host; the gather below is every rank's
     mine = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "shm": mapped_shared_memory()}
     try:
@@ -177,22 +181,20 @@ def _clean_up_for_the_ended_launcher() -> None:
             os.unlink(path)
         except OSError:
             pass
-    directory = os.environ.get(JOB_DIR_VARIABLE)
-    if directory:
-        shutil.rmtree(directory, ignore_errors=True)
+    if _job_dir is not None:
+        shutil.rmtree(_job_dir, ignore_errors=True)
 
 
 def note_exit(how: str, late_ranks: Sequence[int] = ()) -> None:
     """In a recorded rank: note that it ends by itself (``how``: "exited" or "aborted"), so that the launching
     process does not take it for killed. Best effort."""
-    directory = os.environ.get(JOB_DIR_VARIABLE)
-    if directory is None or _recorded_rank is None:
+    if _job_dir is None or _recorded_rank is None:
         return
     if launcher_ended:
         _clean_up_for_the_ended_launcher()
         return
     try:
-        _write_json(Path(directory) / f"ended_{_recorded_rank}.json",
+        _write_json(_job_dir / f"ended_{_recorded_rank}.json",
                     {"how": how, "time": time.time(), "late_ranks": list(late_ranks)})
     except OSError:
         pass

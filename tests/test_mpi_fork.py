@@ -183,3 +183,26 @@ def test_ranks_use_a_job_directory_only_when_this_user_made_it_for_them(tmp_path
     else:
         assert not connected and records == [], (connected, records)
         assert (job_dir / WATCH_SOCKET).exists()  # nothing removed
+
+
+CHILD_OF_A_RANK = """
+import subprocess, sys
+import mpi_util
+fork = mpi_util.mpi_fork(2)
+if fork == "parent":
+    sys.exit(fork.returncode)
+code = "import os; print(os.environ.get('MPI_UTIL_JOB_DIR'), os.environ.get('MPI_UTIL_FORKED'))"
+seen = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+print(f"rank {mpi_util.rank} started a process that saw {seen}", flush=True)
+"""
+
+
+def test_a_process_a_rank_starts_inherits_none_of_mpi_fork_s_variables(tmp_path):
+    # Else a script of the user's that uses mpi_util, started by a rank, took itself for a rank mpi_fork started and
+    # reported to the launching process as that rank.
+    script = tmp_path / "child_of_a_rank.py"
+    script.write_text(CHILD_OF_A_RANK)
+    result = run_bounded([sys.executable, str(script)], 90, {"PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    saw = [f"rank {rank} started a process that saw ['None', 'None']" for rank in (0, 1)]
+    assert sorted(result.stdout.splitlines()) == saw
