@@ -235,9 +235,11 @@ def test_numpy_cnn_agrees_with_tensorflow_on_uint8_images(obs):
     assert np.abs(expected).max() > 1e-2  # not all zeros by dead units
 
 
-@pytest.mark.parametrize("shared_torso", [True, False], ids=["shared", "separate"])
+# One torso (PPO's) on every action space; two CNNs (TRPO's, whose layers are the same) on two of them.
+@pytest.mark.parametrize(("space", "shared_torso"), [
+    *((space, True) for space in SPACES), (BOX, False), (DISCRETE, False)],
+    ids=[*(f"{name}-shared" for name in SPACE_IDS), "box-separate", "discrete-separate"])
 @pytest.mark.parametrize("obs", IMAGES, ids=["nature", "minatar"])
-@pytest.mark.parametrize("space", SPACES, ids=SPACE_IDS)
 def test_image_policies_worker_state_and_actor_agree_with_the_learner(obs, space, shared_torso):
     keras.utils.set_random_seed(1)
     ac = ActorCritic(obs, space, hidden=(64, 64), shared_torso=shared_torso)

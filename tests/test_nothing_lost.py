@@ -215,7 +215,7 @@ def test_sigterm_to_every_process_stops_once_with_a_checkpoint(tmp_path, phase, 
 
     if phase == "update" and way == "process group":  # the resume continues bit for bit
         total = str((stopped_at + 1) * 1024)
-        resumed, _ = train(FAULTY, "--resume", str(run_dir), "--total_steps", total)
+        resumed, _ = train(settings[0], "--resume", str(run_dir), "--total_steps", total)  # named, as a module id
         whole, _ = train(*common, "--total_steps", total, "--logdir", str(tmp_path / "whole"))
         assert reproducible_part(progress(resumed)) == reproducible_part(progress(whole))
         for mine, theirs in zip(weights(resumed), weights(whole), strict=True):

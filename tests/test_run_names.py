@@ -9,6 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import FEW_MINIBATCHES, REPO, run_bounded
 from test_train import progress, train
 
@@ -21,6 +22,18 @@ CARTPOLE = ["CartPole-v1", "--nprocs", "2", "--batch_size", "512", *FEW_MINIBATC
 # Names beside the real checkpoints that are not checkpoints: a copy that sorted last by whole name, a backup, a
 # number of other digits, a directory.
 ODD_NAMES = ["copy_of_ckpt_00000009.pkl", "ckpt_00000009.pkl.bak", "ckpt_0000009.pkl", "old_ckpt_00000099.pkl"]
+pytestmark = pytest.mark.xdist_group("run_names")  # one worker, so the trained run below is made once
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CartPole run of 2 iterations at 2 processes, a checkpoint after each; tests that change it take a copy."""
+    run_dir, _ = train(*CARTPOLE, "--total_steps", "1024", "--logdir", str(tmp_path_factory.mktemp("trained")))
+    return run_dir
+
+
+def copy_of(run_dir: Path, where: Path) -> Path:
+    return Path(shutil.copytree(run_dir, where / run_dir.name))
 
 
 def test_odd_names_beside_the_checkpoints_are_neither_resumed_from_nor_pruned(tmp_path):
@@ -50,7 +63,7 @@ def test_pruning_never_removes_the_checkpoint_just_written(tmp_path):
     assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_100000000.pkl"]
 
 
-def test_a_run_dir_holding_other_files_is_refused_untouched(tmp_path):
+def test_a_run_dir_holding_other_files_is_refused_untouched(tmp_path, trained):
     project = tmp_path / "project"
     project.mkdir()
     files = {"config.json": '{"name": "my project"}\n', "progress.csv": "a,b\n1,2\n", ".notes.tmp": "mine\n",
@@ -66,7 +79,7 @@ def test_a_run_dir_holding_other_files_is_refused_untouched(tmp_path):
         "touched"]
     assert {p.name: p.read_text() for p in project.iterdir()} == files
     # A run's directory with no checkpoint yet (a job that restarts names the same --run_dir) is taken.
-    run_dir, _ = train(*CARTPOLE, "--total_steps", "512", "--logdir", str(tmp_path / "runs"))
+    run_dir = copy_of(trained, tmp_path)
     shutil.rmtree(run_dir / "checkpoints")
     again, _ = train(*CARTPOLE, "--total_steps", "512", "--run_dir", str(run_dir))
     assert again == run_dir and len(progress(run_dir)) == 1
@@ -101,8 +114,8 @@ def test_no_write_follows_a_link_planted_at_a_temporary_or_lock_name(tmp_path):
 PAYLOAD = "from pathlib import Path\nPath(__file__).with_name('imported').write_text('payload ran')\n"
 
 
-def test_a_module_named_by_a_received_config_json_is_imported_only_when_the_user_names_it(tmp_path):
-    run_dir, _ = train(*CARTPOLE, "--total_steps", "512", "--logdir", str(tmp_path / "runs"))
+def test_a_module_named_by_a_received_config_json_is_imported_only_when_the_user_names_it(tmp_path, trained):
+    run_dir = copy_of(trained, tmp_path)
     modules = tmp_path / "modules"
     modules.mkdir()
     (modules / "payload.py").write_text(PAYLOAD)
@@ -134,7 +147,7 @@ print(json.dumps({"actions": actor.act(obs, None, deterministic=True).tolist(), 
 """
 
 
-def test_an_exported_policy_is_one_file_of_data_that_plays_without_tensorflow_or_the_trainer(tmp_path):
+def test_an_exported_policy_is_one_file_of_data_that_plays_without_tensorflow_or_the_trainer(tmp_path, trained):
     import json
 
     import numpy as np
@@ -143,7 +156,7 @@ def test_an_exported_policy_is_one_file_of_data_that_plays_without_tensorflow_or
     from algos.spaces import ActionSpec, ObsSpec
     from trainer.checkpoint import load_latest_checkpoint
 
-    run_dir, _ = train(*CARTPOLE, "--total_steps", "1024", "--logdir", str(tmp_path / "runs"))
+    run_dir = trained
     policy = tmp_path / "cartpole.policy"
     exported = run_bounded([sys.executable, TRAIN, "--export", str(run_dir), str(policy)], timeout=60)
     assert exported.returncode == 0 and exported.stderr == "", exported.stderr[-2000:]

@@ -255,7 +255,8 @@ def test_help_explains_every_option():
                    "--lam", "--kl_targ", "--hidden", "--seed", "--logdir", "--resume", "--play", "--video",
                    "--check_sync", "--checkpoint_every", "--hostfile", "--mpiexec_args", "--policy_lag"):
         assert option in result.stdout
-    assert "(default: 2048)" in result.stdout and "(default: ppo)" in result.stdout
+    one_line = " ".join(result.stdout.split())  # argparse wraps the help at the terminal's width
+    assert "(default: 2048, Atari 1024)" in one_line and "(default: ppo)" in one_line
 
 
 BAD_INPUTS = [
@@ -350,7 +351,7 @@ def test_lr_sets_trpo_value_function_learning_rate_and_config_records_it(tmp_pat
         "for argv in (['CartPole-v1', '--algo', 'trpo'], ['CartPole-v1', '--algo', 'trpo', '--lr', '0.02'],\n"
         "             ['CartPole-v1']):\n"
         "    config, _, _ = build_config(parse_args(argv))\n"
-        "    learner = Learner(config, Path(sys.argv[1]), ObsSpec((4,)), ActionSpec((), (2,)), False)\n"
+        "    learner = Learner(config, Path(sys.argv[1]), ObsSpec((4,)), ActionSpec((), (2,)), False, 1)\n"
         "    optimizer = getattr(learner.algo, 'vf_optimizer', None) or learner.algo.optimizer\n"
         "    print(json.dumps([config.lr, float(optimizer.learning_rate.numpy())]))\n"
     )
