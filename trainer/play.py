@@ -22,9 +22,6 @@ def play(run_dir: Path, episodes: int, video_path: str | None, env_name: str | N
     ``run_dir`` names (train.py --export's); 0 on success, 2 on bad input. ``env_name``: the env train.py was given
     beside --play; a run or file whose env id imports a module is played only when it names that id
     (trainer.config.check_named_module)."""
-    from algos.numpy_actor import NumpyActor
-    from algos.registry import shares_torso
-    from algos.spaces import action_spec, obs_spec
     from trainer.checkpoint import CheckpointError, load_latest_checkpoint
     from trainer.config import check_named_module
 
@@ -53,9 +50,7 @@ def play(run_dir: Path, episodes: int, video_path: str | None, env_name: str | N
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2
     try:
-        obs = obs_spec(env.observation_space)
-        actor = NumpyActor.from_ac_state(state["ac_state"], tuple(config["hidden"]), obs, action_spec(env.action_space),
-                                         shares_torso(config["algo"], obs.is_image))
+        actor = checkpoint_actor(config, state, env)
     except (KeyError, ValueError) as error:
         print(f"train.py: error: {path} does not hold a policy for {config['env_id']}: {error}", file=sys.stderr)
         return 2
@@ -88,9 +83,6 @@ def export(run_dir: Path, path: Path, env_name: str | None = None) -> int:
     """train.py --export RUN_DIR FILE: the newest good checkpoint's policy as one file NumpyActor.load reads (arrays
     and a JSON spec, no pickle); 0 on success, 2 on bad input. Reads the checkpoint, a pickle: export runs you
     trust; the file it writes is data. ``env_name`` as for play."""
-    from algos.numpy_actor import NumpyActor
-    from algos.registry import shares_torso
-    from algos.spaces import action_spec, obs_spec
     from trainer.checkpoint import CheckpointError, load_latest_checkpoint, write_atomic
     from trainer.config import check_named_module
 
@@ -101,10 +93,7 @@ def export(run_dir: Path, path: Path, env_name: str | None = None) -> int:
     try:
         check_named_module(str(config.get("env_id", "")), env_name, "--export", run_dir)
         checkpoint, state, warnings = load_latest_checkpoint(run_dir / "checkpoints")
-        env = make_env(config, None)
-        obs = obs_spec(env.observation_space)
-        actor = NumpyActor.from_ac_state(state["ac_state"], tuple(config["hidden"]), obs, action_spec(env.action_space),
-                                         shares_torso(config["algo"], obs.is_image))
+        actor = checkpoint_actor(config, state, make_env(config, None))
     except (CheckpointError, PlayError, KeyError, ValueError) as error:
         print(f"train.py: error: --export {run_dir}: {error}", file=sys.stderr)
         return 2
@@ -124,6 +113,18 @@ def export(run_dir: Path, path: Path, env_name: str | None = None) -> int:
     print(f"wrote {path}: the policy of {checkpoint.name} ({config['env_id']}, {config['algo']}, step "
           f"{about['total_steps']}); play it with python train.py --play {path}")
     return 0
+
+
+def checkpoint_actor(config: dict, state: dict, env: Any) -> Any:
+    """The NumpyActor of a checkpoint's ``state`` for the run of ``config`` (its config.json) on ``env``, whose
+    spaces give the layout; ValueError (or KeyError) when the checkpoint does not hold such a policy."""
+    from algos.numpy_actor import NumpyActor
+    from algos.registry import shares_torso
+    from algos.spaces import action_spec, obs_spec
+
+    obs = obs_spec(env.observation_space)
+    return NumpyActor.from_ac_state(state["ac_state"], tuple(config["hidden"]), obs, action_spec(env.action_space),
+                                    shares_torso(config["algo"], obs.is_image))
 
 
 def play_and_record(env: Any, actor: Any, seed: int, episodes: int, video_path: str | None) -> int:
