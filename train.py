@@ -33,6 +33,7 @@ except ImportError as error:  # no MPI library: say so in one line, not a traceb
 from mpi_util.supervise import JOB_DIR_VARIABLE, check_process_room  # noqa: E402
 from trainer.config import TrainConfig, build_config  # noqa: E402
 from trainer.counters import Counters  # noqa: E402
+from trainer.evaluate import Evaluator  # noqa: E402
 from trainer.job import actor_state_to_receive, job_resources, make_rollout_worker, share_of_batch  # noqa: E402
 from trainer.learner import Learner, check_sync  # noqa: E402
 from trainer.options import RL_MODULES, WORKER_MODULES, launch_settings, missing_modules  # noqa: E402
@@ -165,6 +166,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     my_steps, budget = share_of_batch(config, rank, nprocs)
     started = time.monotonic()
     checkpointed = counters.iteration  # the iteration of the newest checkpoint (a resumed run's, or none yet)
+    evaluator, evaluated = Evaluator(config), counters.iteration  # a checkpoint's iteration was evaluated before it
     try:
         while not counters.stop:
             t0 = time.monotonic()
@@ -192,10 +194,19 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
             mpi_util.rank0_bcast_wts(learner_state)
             t5 = time.monotonic()
             sync_ok = check_sync(learner_state, counters) if config.check_sync else math.nan
+            eval_actor, eval_returns = None, None
+            if evaluator.due(counters.iteration) and counters.iteration != evaluated:  # with the weights just sent
+                eval_actor = NumpyActor.from_ac_state([as_numpy(v) for v in actor_state], config.hidden, worker.obs,
+                                                      worker.action, shared_torso)
+                eval_returns = evaluator.evaluate(eval_actor)
+                evaluated = counters.iteration
+            t6 = time.monotonic()
             if episodes is not None:
-                learner.log(counters, episodes, stats, sync_ok, wall_s=elapsed_before + t5 - started, timings={
-                    "t_rollout": t2 - t1, "t_gather": t3 - t2, "t_update": (t1 - t0) + (t4 - t3),
-                    "t_bcast": t5 - t4, "t_iteration": t5 - t0})
+                timings = {"t_rollout": t2 - t1, "t_gather": t3 - t2, "t_update": (t1 - t0) + (t4 - t3),
+                           "t_bcast": t5 - t4, **({"t_eval": t6 - t5} if config.eval_every else {}),
+                           "t_iteration": t6 - t0}
+                learner.log(counters, episodes, stats, sync_ok, timings, elapsed_before + t6 - started,
+                            learner.evaluated(eval_returns, eval_actor, counters))
             due = counters.iteration % config.checkpoint_every == 0 and counters.iteration != checkpointed
             if due or counters.stop:
                 checkpoint(run_dir, learner, counters, worker, action_rng, nprocs,

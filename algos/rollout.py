@@ -277,8 +277,7 @@ class RolloutWorker:
         return {"obs": self._obs.copy(), "ep_return": self._ep_return.copy(), "ep_length": self._ep_length.copy()}
 
     def restore_episode(self, state: dict) -> None:
-        """Continue the episodes episode_state() saved (after self.envs were restored to the same moment); also
-        takes the one-env form of older checkpoints ((obs_dim,) obs, scalar return and length)."""
+        """Continue the episodes episode_state() saved (after self.envs were restored to the same moment)."""
         self._obs = np.array(state["obs"], dtype=self.obs.dtype).reshape(len(self.envs), *self.obs.shape)
         self._ep_return = np.array(state["ep_return"], dtype=np.float64).reshape(len(self.envs))
         self._ep_length = np.array(state["ep_length"], dtype=np.int64).reshape(len(self.envs))

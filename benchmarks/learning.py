@@ -92,7 +92,7 @@ def one_run(env: str, algo: str, nprocs: int, seed: int, args: argparse.Namespac
     logdir.mkdir(parents=True, exist_ok=True)
     log_path = logdir / "console.log"
     run_dirs = sorted(p.parent for p in logdir.glob("*/config.json"))
-    resumable = [d for d in run_dirs if any((d / "checkpoints").glob("ckpt_*.pkl"))]
+    resumable = [d for d in run_dirs if any((d / "checkpoints").glob("ckpt_*.npz"))]
     train = [sys.executable, "train.py"]
     fresh_args = [env, "--algo", algo, "--nprocs", str(nprocs), "--seed", str(seed), "--total_steps",
                   str(args.total_steps), "--logdir", str(logdir), *shlex.split(args.train_args)]

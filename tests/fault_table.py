@@ -250,7 +250,7 @@ def strace_case(work: Path, target: str, call: str, fault: str, resume: bool) ->
     base.finish(logdir)
     run_dir = run_dir_in(logdir)
     if resume:  # a run killed between iteration 4's row and its checkpoint: the resume must drop rows 3-4
-        (run_dir / "checkpoints" / "ckpt_00000004.pkl").unlink()
+        (run_dir / "checkpoints" / "ckpt_00000004.npz").unlink()
         args = ("--resume", str(run_dir), "--total_steps", str(6 * 1024))
     else:  # the checkpoint of iteration 4, written at the end of the resumed run
         args = ("--resume", str(run_dir), "--total_steps", str(4 * 1024))
@@ -377,9 +377,9 @@ STRACE_CASES = {
     "resume_kill_progress_rewrite": (".progress.csv.tmp", "write", "signal=KILL", True),
     "resume_enospc_appended_row": ("progress.csv", "write", "error=ENOSPC", True),
     "resume_kill_appended_row": ("progress.csv", "write", "signal=KILL", True),
-    "checkpoint_kill_write": ("checkpoints/.ckpt_00000004.pkl.tmp", "write", "signal=KILL", False),
-    "checkpoint_kill_fsync": ("checkpoints/.ckpt_00000004.pkl.tmp", "fsync", "signal=KILL", False),
-    "checkpoint_kill_rename": ("checkpoints/.ckpt_00000004.pkl.tmp", "rename", "signal=KILL", False),
+    "checkpoint_kill_write": ("checkpoints/.ckpt_00000004.npz.tmp", "write", "signal=KILL", False),
+    "checkpoint_kill_fsync": ("checkpoints/.ckpt_00000004.npz.tmp", "fsync", "signal=KILL", False),
+    "checkpoint_kill_rename": ("checkpoints/.ckpt_00000004.npz.tmp", "rename", "signal=KILL", False),
 }
 CASES: dict[str, Callable[[Path], Row]] = {
     **{name: (lambda work, spec=spec: strace_case(work, *spec)) for name, spec in STRACE_CASES.items()},

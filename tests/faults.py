@@ -31,7 +31,7 @@ What it does:
      with a checkpoint of the last logged iteration after SIGINT/SIGTERM; 0 for an undisturbed resume);
    - no process is left: every process ever seen in the job's tree is gone, and ``pgrep -f TRIAL_DIR`` finds nothing
      (checked after every launch; the time from the launcher's exit to the last process gone is reported);
-   - after a corruption the resume printed ``skipping ... ckpt_X.pkl is truncated or corrupted`` and resumed from the
+   - after a corruption the resume printed ``skipping ... ckpt_X.npz is truncated or corrupted`` and resumed from the
      next older checkpoint;
    - the final checkpoint's counters (iteration, steps, episodes) equal the reference's, and every ``ac_state`` array
      (weights, observation and return normalizers) is bit-identical to the reference's;
@@ -259,7 +259,7 @@ def same_value(a: Any, b: Any, depth: int = 0) -> bool:
 def comparable(state: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint with every rank's saved environment restored: two snapshots of the same environment may
     differ in bytes (which equal strings pickle shares), not in what they hold."""
-    ranks = [dict(r, envs=[restore_env(blob) for blob in r["envs"]]) if isinstance(r, dict) and "envs" in r else r
+    ranks = [dict(r, envs=[restore_env(blob.data) for blob in r["envs"]]) if isinstance(r, dict) and "envs" in r else r
              for r in state.get("ranks") or []]
     return dict(state, ranks=ranks)
 
@@ -537,7 +537,7 @@ def run_trial(index: int, kind: str, rng: random.Random, work: Path, iterations:
             finished_anyway = f"done: {total_steps} steps" in out
             if f"stopped by signal {signum}" not in out and not finished_anyway:
                 result.problems.append(f"{launch.label}: no 'stopped by signal {signum}' in its output")
-            if newest != f"ckpt_{logged:08d}.pkl":
+            if newest != f"ckpt_{logged:08d}.npz":
                 result.problems.append(f"{launch.label}: stopped with iteration {logged} logged but the newest "
                                        f"checkpoint is {newest}")
         if launch.fault == "corrupt_after_kill":

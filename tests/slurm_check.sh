@@ -248,8 +248,8 @@ if iterations != list(range(1, last + 1)):
                     f"(repeated: {repeated or 'none'}, missing: {missing or 'none'})")
 elif int(rows[-1]["total_steps"]) != steps:
     problems.append(f"last row at {rows[-1]['total_steps']} steps, expected {steps}")
-if not (runs[0] / "checkpoints" / f"ckpt_{last:08d}.pkl").is_file():
-    problems.append(f"no checkpoint of iteration {last} (ckpt_{last:08d}.pkl)")
+if not (runs[0] / "checkpoints" / f"ckpt_{last:08d}.npz").is_file():
+    problems.append(f"no checkpoint of iteration {last} (ckpt_{last:08d}.npz)")
 if problems:
     sys.exit("; ".join(problems))
 print(f"{len(rows)} rows (iterations 1..{last}), {nprocs} processes, last mean return "
@@ -389,7 +389,7 @@ if want requeue; then
         sed 's/^/   | /' "$out" 2>/dev/null
         # The iterations each run stopped after (with a checkpoint), and those the next runs resumed from: the same.
         stops=$(grep -o 'stopped by signal 15 after iteration [0-9]*' "$out" | grep -o '[0-9]*$' | tr '\n' ' ')
-        resumes=$(grep -o 'from ckpt_[0-9]*\.pkl: iteration [0-9]*' "$out" | grep -o '[0-9]*$' | tr '\n' ' ')
+        resumes=$(grep -o 'from ckpt_[0-9]*\.npz: iteration [0-9]*' "$out" | grep -o '[0-9]*$' | tr '\n' ' ')
         deadline=$((SECONDS + 20))
         while left=$(pids_with "SLURM_JOB_ID=$job") && [ -n "$left" ] && [ "$SECONDS" -lt "$deadline" ]; do
             sleep 1

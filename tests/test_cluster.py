@@ -62,14 +62,14 @@ def test_resume_of_what_is_not_a_resumable_run_is_one_line(tmp_path):
 
     run_dir, _ = train("CartPole-v1", "--total_steps", "2048", "--checkpoint_every", "1", *FEW_MINIBATCHES, "--logdir",
                        str(tmp_path / "runs"))
-    checkpoint = run_dir / "checkpoints" / "ckpt_00000001.pkl"
+    checkpoint = run_dir / "checkpoints" / "ckpt_00000001.npz"
     checkpoint.write_bytes(checkpoint.read_bytes()[:500])  # every checkpoint corrupt
     line = one_error_line(run_bounded([sys.executable, TRAIN, "--resume", str(run_dir)], 60))
-    assert "no usable checkpoint" in line and "ckpt_00000001.pkl is truncated or corrupted" in line, line
+    assert "no usable checkpoint" in line and "ckpt_00000001.npz is truncated or corrupted" in line, line
     assert line.endswith("there is nothing to continue from: start a new run"), line
     checkpoint.unlink()  # killed before its first checkpoint
     line = one_error_line(run_bounded([sys.executable, TRAIN, "--resume", str(run_dir)], 60))
-    assert "no usable checkpoint" in line and "(no ckpt_*.pkl files)" in line, line
+    assert "no usable checkpoint" in line and "(no ckpt_*.npz files)" in line, line
 
 
 def test_a_budget_below_one_batch_says_what_runs(tmp_path):
@@ -88,8 +88,8 @@ def test_an_update_that_makes_the_weights_non_finite_stops_the_job_and_keeps_the
         result.stderr[-3000:]
     run_dir = next(tmp_path.iterdir())
     kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert kept == ["ckpt_00000001.pkl", "ckpt_00000002.pkl"]
-    assert f"The last good checkpoint, {run_dir / 'checkpoints' / 'ckpt_00000002.pkl'}, is kept" in result.stderr
+    assert kept == ["ckpt_00000001.npz", "ckpt_00000002.npz"]
+    assert f"The last good checkpoint, {run_dir / 'checkpoints' / 'ckpt_00000002.npz'}, is kept" in result.stderr
     import numpy as np
 
     assert all(np.isfinite(w).all() for w in load_checkpoint(run_dir / "checkpoints" / kept[-1])["ac_state"])

@@ -172,7 +172,7 @@ def test_train_across_hosts_learns_resumes_and_logs_what_one_host_logs(two_hosts
     assert len(progress(run_dir)) == 2
     code, out, err = across(two_hosts, launcher, [TRAIN, "--resume", str(run_dir), "--num_episodes", "1000000"], 240)
     assert code == 0, err[-3000:]
-    assert "from ckpt_00000002.pkl: iteration 2" in out, out[-3000:]
+    assert "from ckpt_00000002.npz: iteration 2" in out, out[-3000:]
     assert progress(run_dir) == rows
     assert float(rows[-1]["ep_return_mean"]) > 60, rows[-1]  # random play: about 22; seen: 94
     assert no_process_left(two_hosts) == []
@@ -195,7 +195,7 @@ def test_train_and_resume_across_hosts_that_share_no_filesystem(hosts_sharing_no
     started = time.monotonic()
     code, out, err = across(hosts, launcher, [TRAIN, "--resume", str(run_dir), "--total_steps", "4096"], 120)
     assert code == 0, err[-3000:]
-    assert "from ckpt_00000002.pkl: iteration 2, step 2048" in out and "fresh episodes" not in out, out[-3000:]
+    assert "from ckpt_00000002.npz: iteration 2, step 2048" in out and "fresh episodes" not in out, out[-3000:]
     assert [int(r["total_steps"]) for r in progress(run_dir)] == [1024, 2048, 3072, 4096]
     assert time.monotonic() - started < 90
     assert no_process_left(hosts) == []

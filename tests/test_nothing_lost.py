@@ -45,7 +45,7 @@ def test_kill_or_full_disk_at_each_write_of_a_resume_loses_no_row_and_the_next_r
     # A run that logged iterations 1-4 and whose newest checkpoint is of iteration 2, as when rank 0 is killed between
     # iteration 4's row and its checkpoint: a resume must drop rows 3-4 and redo them.
     run_dir, _ = train(*COMMON, "--total_steps", "4096", "--logdir", str(tmp_path / "run"))
-    (run_dir / "checkpoints" / "ckpt_00000004.pkl").unlink()
+    (run_dir / "checkpoints" / "ckpt_00000004.npz").unlink()
     before = progress(run_dir)
     assert [int(row["iteration"]) for row in before] == [1, 2, 3, 4]
 
@@ -57,7 +57,7 @@ def test_kill_or_full_disk_at_each_write_of_a_resume_loses_no_row_and_the_next_r
         assert result.returncode != 0, f"{case}: the fault did not happen\n{result.stdout[-2000:]}"
         # Every row up to the checkpoint is there, unchanged; the checkpoint too.
         assert progress(run_dir)[:2] == before[:2], case
-        assert [path.name for path in list_checkpoints(run_dir / "checkpoints")] == ["ckpt_00000002.pkl"], case
+        assert [path.name for path in list_checkpoints(run_dir / "checkpoints")] == ["ckpt_00000002.npz"], case
         if "ENOSPC" in fault:
             assert "No space left on device" in result.stderr, f"{case}\n{result.stderr[-2000:]}"
             assert "Traceback" not in result.stderr, f"{case}\n{result.stderr[-3000:]}"

@@ -55,7 +55,7 @@ def test_minatar_trains_on_two_processes_resumes_bit_for_bit_and_plays(tmp_path,
     part, _ = train(*common, "--total_steps", "1024", "--logdir", str(tmp_path / "part"))
     resumed, out = train("--resume", str(part), "--nprocs", "2", "--total_steps", "2048")
     assert whole.name.startswith("MinAtar-Breakout-v1_") and resumed == part
-    assert "from ckpt_00000002.pkl: iteration 2, step 1024" in out
+    assert "from ckpt_00000002.npz: iteration 2, step 1024" in out
     assert reproducible_part(progress(resumed)) == reproducible_part(progress(whole))
     for mine, theirs in zip(load_latest_checkpoint(resumed / "checkpoints")[1]["ac_state"],
                             load_latest_checkpoint(whole / "checkpoints")[1]["ac_state"], strict=True):
@@ -185,7 +185,7 @@ def test_atari_trains_on_two_processes_quietly_resumes_bit_for_bit_and_plays_the
     # and clip_ratio at either budget).
     part, _ = train(*pong, "--total_steps", "256", "--logdir", str(tmp_path / "part"))
     resumed, out = train("--resume", str(part), "--total_steps", "512")
-    assert "from ckpt_00000001.pkl: iteration 1, step 256" in out
+    assert "from ckpt_00000001.npz: iteration 1, step 256" in out
     for mine, theirs in zip(load_latest_checkpoint(resumed / "checkpoints")[1]["ac_state"], ac_state, strict=True):
         np.testing.assert_array_equal(mine, theirs)
     # Exported, the shared torso's policy is one file of arrays that acts as the checkpoint's actor does.

@@ -35,9 +35,9 @@ def test_lagged_run_is_reproducible_resumes_exactly_and_differs_from_the_plain_l
     # Resume from the checkpoint of iteration 2 of a copy: it holds the batch gathered and not yet learned from.
     copy = tmp_path / "copy"
     shutil.copytree(lagged, copy)
-    (copy / "checkpoints" / "ckpt_00000004.pkl").unlink()
+    (copy / "checkpoints" / "ckpt_00000004.npz").unlink()
     resumed, out = train("--resume", str(copy))
-    assert "from ckpt_00000002.pkl: iteration 2, step 4096" in out
+    assert "from ckpt_00000002.npz: iteration 2, step 4096" in out
     assert reproducible_part(progress(resumed)) == reproducible_part(rows)
 
 

@@ -55,11 +55,11 @@ def test_sigkill_of_one_rank_ends_job_and_keeps_last_checkpoint(tmp_path):
     # waits for that checkpoint to be on disk, else the job's end could kill rank 0 mid-write (seen once in a
     # fresh-clone .ci/run under load), leaving checkpoint 1 as the last good one: correct, but not what is asserted.
     result = train_with_fault(tmp_path, "kill", rank=1, at_step=1200, extra=("--checkpoint_every", "1"),
-                              after_file=str(tmp_path / "*" / "checkpoints" / "ckpt_00000002.pkl"))
+                              after_file=str(tmp_path / "*" / "checkpoints" / "ckpt_00000002.npz"))
     assert result.returncode != 0
     assert_no_process_left(tmp_path)
     path, state, warnings = load_latest_checkpoint(next(tmp_path.iterdir()) / "checkpoints")
-    assert path.name == "ckpt_00000002.pkl" and not warnings
+    assert path.name == "ckpt_00000002.npz" and not warnings
     assert int(state["counters"][1]) == 2 * 1536
 
 
@@ -107,7 +107,7 @@ def test_stop_request_with_a_hung_rank_ends_the_job_within_the_grace_naming_it(t
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not list(tmp_path.glob("*/checkpoints/ckpt_00000001.pkl")):
+        while time.monotonic() < deadline and not list(tmp_path.glob("*/checkpoints/ckpt_00000001.npz")):
             time.sleep(0.2)
         signalled = time.monotonic()
         job.send_signal(signal.SIGTERM)
@@ -118,7 +118,7 @@ def test_stop_request_with_a_hung_rank_ends_the_job_within_the_grace_naming_it(t
     assert job.returncode != 0
     assert ended_after_s < 5 + 20, ended_after_s
     assert "5 s after the stop request (signal 15): rank 1 has not arrived" in stderr, stderr[-3000:]
-    assert "the last good checkpoint, ckpt_00000001.pkl, is kept" in stderr
+    assert "the last good checkpoint, ckpt_00000001.npz, is kept" in stderr
     assert_no_process_left(tmp_path)
 
 
@@ -169,18 +169,18 @@ def test_signal_stops_at_safe_point_with_checkpoint_and_resume_is_exact(tmp_path
 def test_corrupted_checkpoint_is_reported_and_previous_used(tmp_path):
     run_dir, _ = train("CartPole-v1", "--nprocs", "2", "--total_steps", "8192", "--checkpoint_every", "2",
                        *FEW_MINIBATCHES, "--logdir", str(tmp_path))
-    newest = run_dir / "checkpoints" / "ckpt_00000004.pkl"
+    newest = run_dir / "checkpoints" / "ckpt_00000004.npz"
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated, as by a crash mid-copy
     _, out = train("--resume", str(run_dir), "--nprocs", "2", "--total_steps", "10240")
-    assert "skipping" in out and "ckpt_00000004.pkl is truncated or corrupted (checksum mismatch)" in out
-    assert "from ckpt_00000002.pkl: iteration 2, step 4096" in out
+    assert "skipping" in out and "ckpt_00000004.npz is truncated or corrupted (checksum mismatch)" in out
+    assert "from ckpt_00000002.npz: iteration 2, step 4096" in out
     assert [int(r["iteration"]) for r in progress(run_dir)] == [1, 2, 3, 4, 5]
 
 
 def test_full_disk_at_checkpoint_names_last_good_one(tmp_path):
     run_dir, _ = train(FAULTY, "--nprocs", "2", "--total_steps", "4096", "--checkpoint_every", "2",
                        *FEW_MINIBATCHES, "--logdir", str(tmp_path))
-    good = (run_dir / "checkpoints" / "ckpt_00000002.pkl").read_bytes()
+    good = (run_dir / "checkpoints" / "ckpt_00000002.npz").read_bytes()
     assert len(good) > 60_000
     # From iteration 4 on (1024 env steps per rank per iteration, counted from the run's start: the env comes back from
     # the checkpoint with its count; the shared memory is made by then), writes past 60 kB fail (EFBIG), as writes to
@@ -191,8 +191,8 @@ def test_full_disk_at_checkpoint_names_last_good_one(tmp_path):
                                            "FAULT_AT_STEP": "3073"})
     assert result.returncode != 0
     assert ("train.py: error: cannot write the checkpoint of iteration 4" in result.stderr
-            and "the last good checkpoint, ckpt_00000002.pkl, is untouched" in result.stderr), result.stderr[-2000:]
-    assert (run_dir / "checkpoints" / "ckpt_00000002.pkl").read_bytes() == good
+            and "the last good checkpoint, ckpt_00000002.npz, is untouched" in result.stderr), result.stderr[-2000:]
+    assert (run_dir / "checkpoints" / "ckpt_00000002.npz").read_bytes() == good
     assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]  # no temp file left
 
 

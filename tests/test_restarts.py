@@ -31,7 +31,7 @@ def killed_run(tmp_path: Path, max_restarts: int, total_steps: int = 100_000) ->
     reports.mkdir()
     env = {"FAULT_KIND": "kill", "FAULT_RANK": "1", "FAULT_AT_STEP": "1200", "FAULT_REPORT_DIR": str(reports),
            "FAULT_ONCE_MARKER": str(tmp_path / "killed_once"),
-           "FAULT_AFTER_FILE": str(tmp_path / "runs" / "*" / "checkpoints" / "ckpt_00000002.pkl")}
+           "FAULT_AFTER_FILE": str(tmp_path / "runs" / "*" / "checkpoints" / "ckpt_00000002.npz")}
     return run_bounded([sys.executable, TRAIN, FAULTY, "--nprocs", "3", "--batch_size", "1536", *FEW_MINIBATCHES,
                         "--total_steps", str(total_steps), "--checkpoint_every", "1", "--max_restarts",
                         str(max_restarts), "--logdir", str(tmp_path / "runs")], timeout=240, env=env)
@@ -70,7 +70,7 @@ def test_killed_rank_restarts_from_newest_checkpoint_and_run_ends_with_its_budge
                         "signal 9 (SIGKILL); restarting from checkpoint ckpt_00000002 (restart 1 of 1)"], \
         result.stderr[-3000:]
     run_dir = next((tmp_path / "runs").iterdir())
-    assert "resuming" in result.stdout and "from ckpt_00000002.pkl: iteration 2" in result.stdout
+    assert "resuming" in result.stdout and "from ckpt_00000002.npz: iteration 2" in result.stdout
     rows = progress(run_dir)
     assert [int(row["iteration"]) for row in rows] == [1, 2, 3, 4, 5, 6]
     assert int(rows[-1]["total_steps"]) == budget

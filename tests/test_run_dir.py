@@ -17,11 +17,19 @@ from pathlib import Path
 import pytest
 from conftest import FEW_MINIBATCHES, REPO, launcher
 
-from trainer.run_dir import OWNER_FILE, RunDirInUseError, create_run_dir, lock_run_dir, run_dir_name
+from trainer.run_dir import (
+    OWNER_FILE,
+    RunDirInUseError,
+    create_run_dir,
+    lock_run_dir,
+    node_local_flock,
+    run_dir_name,
+)
 
 TRAIN = str(REPO / "train.py")
 
-# A process that takes the lock where flock is refused, says HELD, and keeps it until its stdin closes.
+# A process that takes the lock where flock is refused (or, with a second argument, where flock is granted on each
+# node alone), says HELD, and keeps it until its stdin closes.
 HOLDER = """
 import errno, sys
 from pathlib import Path
@@ -30,7 +38,10 @@ from trainer.run_dir import lock_run_dir
 def refused(fd, operation):
     raise OSError(errno.ENOLCK, "No locks available")
 
-lock = lock_run_dir(Path(sys.argv[1]), flock=refused)
+if len(sys.argv) > 2:
+    lock = lock_run_dir(Path(sys.argv[1]), flock=lambda fd, operation: None, flock_scope=lambda path: sys.argv[2])
+else:
+    lock = lock_run_dir(Path(sys.argv[1]), flock=refused)
 print("HELD", flush=True)
 sys.stdin.read()
 lock.release()
@@ -43,9 +54,11 @@ def refuse_flock(code: int):
     return flock
 
 
-def start_holder(run_dir: Path, *prefix: str) -> subprocess.Popen:
-    """A real process holding run_dir's lock file; returns once it holds it."""
-    holder = subprocess.Popen([*prefix, sys.executable, "-c", HOLDER, str(run_dir)], stdin=subprocess.PIPE,
+def start_holder(run_dir: Path, *prefix: str, node_local: str = "") -> subprocess.Popen:
+    """A real process holding run_dir's lock file; returns once it holds it. ``node_local``: why its flock is granted
+    on its node alone (flock itself then always succeeds there), or "" where flock is refused."""
+    holder = subprocess.Popen([*prefix, sys.executable, "-c", HOLDER, str(run_dir), *[node_local][:bool(node_local)]],
+                              stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert holder.stdout.readline() == "HELD\n"  # bounded by the test's timeout
     return holder
@@ -96,9 +109,9 @@ def test_without_flock_a_lock_file_names_the_holder(tmp_path, code):
         with pytest.raises(RunDirInUseError) as refused:
             lock_run_dir(tmp_path, flock=refuse_flock(code))
         assert str(refused.value) == (
-            f"{tmp_path} is in use by another training job (pid {holder.pid} on this host; this filesystem has no "
-            f"flock, so its lock file {tmp_path / OWNER_FILE} says so); wait for it to end, or if that job has "
-            f"ended, rm {tmp_path / OWNER_FILE}")
+            f"{tmp_path} is in use by another training job (pid {holder.pid} on this host; flock on this filesystem "
+            f"is missing or holds on one node only, so its lock file {tmp_path / OWNER_FILE} says so); wait for it to "
+            f"end, or if that job has ended, rm {tmp_path / OWNER_FILE}")
     finally:
         holder.communicate(timeout=30)  # closes its stdin: it releases the lock and exits
     assert holder.returncode == 0
@@ -142,6 +155,40 @@ def test_lock_file_left_on_another_host_is_reported_with_how_to_remove_it(tmp_pa
         lock_run_dir(tmp_path, flock=refuse_flock(errno.ENOLCK))
     assert f"(pid {holder.pid} on host far-host;" in str(refused.value)
     assert str(refused.value).endswith(f"if that job has ended, rm {tmp_path / OWNER_FILE}")
+
+
+@pytest.mark.timeout(60)
+def test_where_flock_holds_on_one_node_only_a_job_on_another_node_is_refused_by_the_lock_file(tmp_path):
+    # Lustre with localflock: flock succeeds on every node. A job on "far-host" holds the run; a job here is refused.
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to give a process another host name")
+    local = "lustre mounted with localflock"
+    holder = start_holder(tmp_path, "unshare", "--uts", "sh", "-c", 'hostname far-host && exec "$0" "$@"',
+                          node_local=local)
+    with pytest.raises(RunDirInUseError, match=rf"\(pid {holder.pid} on host far-host; flock on this filesystem is "
+                                               "missing or holds on one node only"):
+        lock_run_dir(tmp_path, flock=lambda fd, operation: None, flock_scope=lambda path: local)
+    holder.communicate("", timeout=30)  # it ends, releasing both
+    lock = lock_run_dir(tmp_path, flock=lambda fd, operation: None, flock_scope=lambda path: local)
+    assert lock.uses_lock_file and f"pid={os.getpid()} " in (tmp_path / OWNER_FILE).read_text()
+    lock.release()
+    assert os.listdir(tmp_path) == [".lock"]
+
+
+def test_the_mount_s_options_say_where_flock_holds_on_one_node_only(tmp_path):
+    def line(mount_point: str, fstype: str, options: str) -> str:
+        return f"36 25 0:52 / {mount_point} rw,relatime shared:1 - {fstype} server:/export rw,{options}"
+
+    runs = "/scratch/my\\040runs"  # a space, as mountinfo writes it
+    mountinfo = "\n".join([line("/", "ext4", "errors=remount-ro"), line("/scratch", "lustre", "flock"),
+                            line(runs, "nfs4", "vers=4.2,local_lock=flock,addr=10.0.0.1")])
+    assert node_local_flock(Path("/scratch/my runs/CartPole_ppo"), mountinfo) == "nfs4 mounted with local_lock=flock"
+    assert node_local_flock(Path("/scratch/other"), mountinfo) == ""  # Lustre with flock: it holds on every node
+    assert node_local_flock(Path("/scratch/x"), line("/scratch", "lustre", "localflock")) == \
+        "lustre mounted with localflock"
+    assert node_local_flock(Path("/home/u"), line("/home", "nfs", "vers=3,nolock,local_lock=all")) == \
+        "nfs mounted with local_lock=all"
+    assert node_local_flock(tmp_path) == ""  # this machine's own /tmp
 
 
 def test_a_lock_file_naming_no_process_is_reported(tmp_path):

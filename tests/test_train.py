@@ -80,8 +80,8 @@ def test_run_directory_has_config_csv_tensorboard_checkpoints_plot(learned_runs)
                    "t_bcast"):
         assert column in header
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
-    assert [p.name for p in sorted((run_dir / "checkpoints").glob("ckpt_*.pkl"))] == [
-        "ckpt_00000010.pkl", "ckpt_00000015.pkl"]
+    assert [p.name for p in sorted((run_dir / "checkpoints").glob("ckpt_*.npz"))] == [
+        "ckpt_00000010.npz", "ckpt_00000015.npz"]
     assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -213,7 +213,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir, algo, envs
                     "--logdir", str(runs_dir / f"part_{algo}{envs_per_rank}"))
     resumed, out = train("--resume", str(part), "--nprocs", "2", "--num_episodes", "1000")
     assert resumed == part
-    assert "from ckpt_00000003.pkl: iteration 3, step 6144" in out
+    assert "from ckpt_00000003.npz: iteration 3, step 6144" in out
     assert reproducible_part(progress(resumed)) == reproducible_part(progress(whole))
 
 

@@ -83,6 +83,11 @@ class TrainConfig:
                                                        "loss")
     seed: int = setting(0, "base seed; rank r uses SeedSequence(seed, spawn_key=(r,))")
     checkpoint_every: int = setting(10, "iterations between checkpoints (and one at the end)")
+    eval_every: int = setting(0, "every N iterations the deterministic policy plays --eval_episodes episodes on envs "
+                                 "of its own, spread over the processes (eval_return_mean and _std in progress.csv "
+                                 "and TensorBoard), and the best policy so far is kept as RUN_DIR/best_policy.npz; 0 "
+                                 "never")
+    eval_episodes: int = setting(10, "episodes of each evaluation (--eval_every), with the seeds --play uses")
     check_sync: bool = setting(False, "after every broadcast verify that all ranks hold bit-identical weights and "
                                       "normalizer statistics (one small extra exchange per iteration; logged as "
                                       "sync_ok)")
@@ -326,7 +331,10 @@ def check_config(config: TrainConfig) -> None:
             raise ValueError(f"--{name} must be a finite number, got {value}")
     if config.seed < 0:
         raise ValueError(f"--seed must be a non-negative integer, got {config.seed}")
-    for name in ("total_steps", "batch_size", "envs_per_rank", "epochs", "minibatch_size", "checkpoint_every"):
+    if config.eval_every < 0:
+        raise ValueError(f"--eval_every must be >= 0 iterations (0: never), got {config.eval_every}")
+    for name in ("total_steps", "batch_size", "envs_per_rank", "epochs", "minibatch_size", "checkpoint_every",
+                 "eval_episodes"):
         if getattr(config, name) is not None and getattr(config, name) < 1:  # None: not a setting of this algorithm
             raise ValueError(f"--{name} must be at least 1, got {getattr(config, name)}")
     if config.num_episodes is not None and config.num_episodes < 1:

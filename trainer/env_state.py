@@ -6,8 +6,8 @@ saved beside the pickle and put back after it is loaded: MuJoCo's whole MjData (
 start, so the continuation is bit-identical), and the Atari emulator's state with its own RNG (sticky actions draw
 from it). The wrappers around them (frame stacks, the frame buffers of the preprocessing) pickle with their state.
 
-Snapshots are zlib-compressed: a MuJoCo MjData pickles with its whole arena, which is mostly zeros.
-Uncompressed snapshots, as older checkpoints hold, still load.
+Snapshots are zlib-compressed: a MuJoCo MjData pickles with its whole arena, which is mostly zeros. They are pickles,
+so restore_env runs whatever they say: give it only snapshots this user made (trainer.checkpoint signs them).
 """
 
 from __future__ import annotations
@@ -43,8 +43,7 @@ def snapshot_env(env: gymnasium.Env) -> bytes:
 
 def restore_env(blob: bytes) -> gymnasium.Env:
     """The environment saved by ``snapshot_env``, continuing exactly where it was."""
-    # A pickle starts with its PROTO opcode (0x80); a zlib stream never does (its first byte is 0x?8).
-    saved = pickle.loads(blob if blob[:1] == b"\x80" else zlib.decompress(blob))
+    saved = pickle.loads(zlib.decompress(blob))
     env, extra = saved["env"], saved["mujoco"]
     if extra is None:
         return env

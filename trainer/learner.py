@@ -18,6 +18,7 @@ from algos.spaces import ActionSpec, ObsSpec, network_kind
 from trainer.checkpoint import remove_temporary_files, write_atomic
 from trainer.config import TrainConfig
 from trainer.counters import Counters
+from trainer.evaluate import BEST_POLICY, save_best_policy
 from trainer.kernels import rank0_tensorflow_kernels
 from trainer.resume import as_numpy
 from trainer.run_dir import RunDirLock, lock_run_dir
@@ -62,6 +63,8 @@ class Learner:
         self.pending: tuple | None = None  # (batch, episodes, behavior_logp) gathered, not yet learned from
         self.logger = None
         self._lock: RunDirLock | None = None  # the run directory's lock, held while this process lives
+        self._key: tuple[bytes | None, str] | None = None  # the user's checkpoint key, read at the first checkpoint
+        self.eval_best = -math.inf  # the best mean return of the evaluations so far (--eval_every)
 
     def start(self, resuming: bool, counters: Counters, job: dict) -> None:
         """Open the run's logs (open_logs) and say what the job runs; a resumed run whose budget is spent stops at
@@ -103,7 +106,7 @@ class Learner:
         the algorithm's optimizer and RNG, the versions, and under --policy_lag 1 the batch not yet learned from."""
         return {"config": asdict(self.config), "ac_state": [as_numpy(v) for v in self.ac.broadcast_state()],
                 "optimizer": self.algo.optimizer_state(), "learner_rng": self.algo.rng_state(),
-                "versions": self.versions, "pending": self.pending}
+                "versions": self.versions, "pending": self.pending, "eval_best": self.eval_best}
 
     def restore_state(self, state: dict, name: str, counters: Counters) -> None:
         """Take back what checkpoint_state() kept (``state``, from the checkpoint file ``name``) and the counters;
@@ -120,6 +123,7 @@ class Learner:
         self.algo.set_optimizer_state(state["optimizer"])
         self.algo.set_rng_state(state["learner_rng"])
         counters.array[:3] = state["counters"][:3]
+        self.eval_best = state["eval_best"]
         if state.get("pending") is not None:  # --policy_lag 1: the batch gathered before the stop, not learned yet
             self.hold(*state["pending"], counters)
 
@@ -169,10 +173,33 @@ class Learner:
         counters.stop = counters.budget_spent(config)
         return stats, episodes
 
+    def evaluated(self, returns: np.ndarray | None, actor: NumpyActor, counters: Counters) -> dict[str, float]:
+        """The evaluation columns of this iteration's row (none without --eval_every; NaN in the iterations between
+        evaluations) from the K ``returns`` (K,) of ``actor`` (None: not evaluated now); keeps ``actor`` as
+        RUN_DIR/best_policy.npz when its mean return beats every earlier one."""
+        if not self.config.eval_every:
+            return {}
+        if returns is None:
+            return {"eval_return_mean": math.nan, "eval_return_std": math.nan}
+        mean = float(returns.mean())
+        if mean > self.eval_best:
+            self.eval_best = mean
+            try:
+                save_best_policy(self.run_dir, actor, {
+                    "env_id": self.config.env_id, "algo": self.config.algo, "seed": self.config.seed,
+                    "total_steps": counters.total_steps, "iteration": counters.iteration,
+                    "eval_return_mean": mean, "eval_episodes": len(returns)})
+            except OSError as error:
+                mpi_util.abort(f"train.py: error: cannot write {self.run_dir / BEST_POLICY}: {error.strerror}. "
+                               f"{self._kept_checkpoint_note()}: make the directory writable (or free space), then "
+                               f"continue with python train.py --resume {self.run_dir}")
+        return {"eval_return_mean": mean, "eval_return_std": float(returns.std())}
+
     def log(self, counters: Counters, episodes: dict, stats: dict[str, float], sync_ok: float,
-            timings: dict[str, float], wall_s: float) -> None:
+            timings: dict[str, float], wall_s: float, evaluation: dict[str, float]) -> None:
         """One row of progress.csv and TensorBoard, and the console line; timings: seconds of t_rollout, t_gather,
-        t_update, t_bcast and the whole t_iteration."""
+        t_update, t_bcast, t_eval (with --eval_every) and the whole t_iteration; ``evaluation``: evaluated()'s
+        columns."""
         returns = episodes["ep_return"]
         row = {
             "iteration": counters.iteration, "total_steps": counters.total_steps,
@@ -183,7 +210,8 @@ class Learner:
             "ep_length_mean": float(episodes["ep_length"].mean()) if len(returns) else math.nan,
             "episodes": len(returns), "steps_per_s": self.config.batch_size / timings["t_iteration"],
             **{key: float(value) for key, value in stats.items()},
-            **{key: timings[key] for key in ("t_rollout", "t_gather", "t_update", "t_bcast")},
+            **evaluation,
+            **{key: value for key, value in timings.items() if key != "t_iteration"},
             "wall_s": wall_s, "sync_ok": sync_ok,
         }
         try:
@@ -192,6 +220,18 @@ class Learner:
             mpi_util.abort(f"train.py: error: cannot write the logs in {self.run_dir}: {error}. "
                            f"{self._kept_checkpoint_note()}: make the directory writable (or free space), then "
                            f"continue with python train.py --resume {self.run_dir}")
+
+    def checkpoint_key(self) -> bytes | None:
+        """The user's key that signs the environments' snapshots (trainer.checkpoint.user_key), made if there is none;
+        None, said once, when it cannot be used: checkpoints are still written, and resume with fresh episodes."""
+        if self._key is None:
+            from trainer.checkpoint import user_key
+
+            self._key = user_key(create=True)
+            if self._key[0] is None:
+                mpi_util.print0(f"train.py: warning: {self._key[1]}; the environments' snapshots in this run's "
+                                "checkpoints are not signed, and a resume of them starts fresh episodes")
+        return self._key[0]
 
     def _kept_checkpoint_note(self) -> str:
         from trainer.checkpoint import list_checkpoints

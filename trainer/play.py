@@ -81,8 +81,8 @@ def play_file(path: Path, episodes: int, video_path: str | None, env_name: str |
 
 def export(run_dir: Path, path: Path, env_name: str | None = None) -> int:
     """train.py --export RUN_DIR FILE: the newest good checkpoint's policy as one file NumpyActor.load reads (arrays
-    and a JSON spec, no pickle); 0 on success, 2 on bad input. Reads the checkpoint, a pickle: export runs you
-    trust; the file it writes is data. ``env_name`` as for play."""
+    and a JSON spec, no pickle); 0 on success, 2 on bad input. Reads the checkpoint's arrays only (never its
+    environments' snapshots). ``env_name`` as for play."""
     from trainer.checkpoint import CheckpointError, load_latest_checkpoint, write_atomic
     from trainer.config import check_named_module
 
@@ -214,24 +214,20 @@ def render_problem(env_id: str, error: Exception) -> str:
 
 def play_episodes(env: Any, actor: Any, seed: int, episodes: int,
                   render_every: int) -> tuple[list[float], list[np.ndarray], int]:
-    """Play ``episodes`` deterministic episodes (seeds seed + 10000 + episode), printing each return. With
-    render_every > 0, keep a frame ((H, W, 3) uint8) every render_every steps: rendering costs more than the step.
-    Returns (the episodes' returns, the frames, how many of them belong to the first episode)."""
-    rng = np.random.default_rng(0)
+    """Play ``episodes`` deterministic episodes (seeds seed + 10000 + episode, as evaluation while training does),
+    printing each return. With render_every > 0, keep a frame ((H, W, 3) uint8) every render_every steps: rendering
+    costs more than the step. Returns (the episodes' returns, the frames, how many of them belong to the first
+    episode)."""
+    from trainer.evaluate import FIRST_SEED, run_episode
+
     returns, frames, first_episode_frames = [], [], 0
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + 10_000 + episode)
-        done, total, length = False, 0.0, 0
-        if render_every:
+
+    def keep_frame(length: int) -> None:
+        if length % render_every == 0:
             frames.append(env.render())
-        while not done:
-            action = actor.act(np.asarray(obs, actor.obs.dtype)[None], rng, deterministic=True)[0]
-            if not actor.action.discrete:
-                action = np.clip(action, env.action_space.low, env.action_space.high)
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total, length, done = total + float(reward), length + 1, terminated or truncated
-            if render_every and length % render_every == 0:
-                frames.append(env.render())
+
+    for episode in range(episodes):
+        total, length = run_episode(env, actor, seed + FIRST_SEED + episode, keep_frame if render_every else None)
         returns.append(total)
         if episode == 0:
             first_episode_frames = len(frames)

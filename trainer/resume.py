@@ -2,7 +2,9 @@
 
 A checkpoint is one file rank 0 writes (trainer.checkpoint): the actor-critic's weights and normalizers, the
 algorithm's optimizer and RNG state (algos.registry.Algorithm), the counters, and each rank's environments, episode
-state and action RNG. TensorFlow is never imported here: rank 0's learner has it already.
+state and action RNG. The environments' snapshots are pickles: rank 0 signs them with the user's key when it saves,
+and sends them to the ranks on --resume only when every signature checks (otherwise the ranks start fresh episodes).
+TensorFlow is never imported here: rank 0's learner has it already.
 """
 
 from __future__ import annotations
@@ -15,6 +17,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import mpi_util
+from trainer.checkpoint import (
+    SignedPickle,
+    key_path,
+    list_checkpoints,
+    load_latest_checkpoint,
+    save_checkpoint,
+    user_key,
+)
 
 if TYPE_CHECKING:
     from algos.rollout import RolloutWorker
@@ -25,10 +35,10 @@ if TYPE_CHECKING:
 def restore(run_dir: Path, learner: Learner | None, counters: Counters, worker: RolloutWorker,
             action_rng: np.random.Generator, fresh_worker: Callable[[tuple[int, ...]], tuple]) -> tuple:
     """Continue from the newest good checkpoint: rank 0 loads the learner (weights, the algorithm's optimizer and RNG,
-    counters); every rank gets its own environments, episode state and action RNG back, or, when --nprocs changed,
-    fresh episodes from fresh_worker(seed_path), which returns (worker, action_rng) as make_rollout_worker does.
-    Returns (worker, action_rng, training seconds before this run)."""
-    from trainer.checkpoint import load_latest_checkpoint
+    counters); every rank gets its own environments, episode state and action RNG back, or, when --nprocs changed or
+    the environments' snapshots are not signed with this user's key, fresh episodes from fresh_worker(seed_path),
+    which returns (worker, action_rng) as make_rollout_worker does. Returns (worker, action_rng, training seconds
+    before this run)."""
     from trainer.env_state import restore_env
 
     rank, nprocs = mpi_util.rank, mpi_util.nworkers
@@ -40,27 +50,40 @@ def restore(run_dir: Path, learner: Learner | None, counters: Counters, worker: 
         learner.restore_state(state, path.name, counters)
         elapsed_before = state["elapsed_s"]
         same_layout = state["nprocs"] == nprocs
-        per_rank_state = state["ranks"] if same_layout else None
         mpi_util.print0(f"resuming {run_dir} from {path.name}: iteration {counters.iteration}, step "
                         f"{counters.total_steps}" + ("" if same_layout else
                                                      f" (was {state['nprocs']} processes: fresh episodes)"))
+        if same_layout:
+            per_rank_state = signed_by_user(state["ranks"], path.name, user_key(create=False))
     # Every rank's state travels to all (a few tens of kB each); each keeps its own.
     per_rank_state, iteration = mpi_util.bcast_object((per_rank_state, counters.iteration))
     if per_rank_state is None:
         worker, _ = fresh_worker((2, iteration))
         return worker, action_rng, elapsed_before
     mine = per_rank_state[rank]
-    # Checkpoints from before several envs per rank hold one env under "env".
-    worker.envs = [restore_env(blob) for blob in mine.get("envs", [mine.get("env")])]
+    worker.envs = [restore_env(blob) for blob in mine["envs"]]
     worker.restore_episode(mine["episode"])
     action_rng.bit_generator.state = mine["action_rng"]
     return worker, action_rng, elapsed_before
 
 
+def signed_by_user(ranks_state: list[dict], name: str, key_and_reason: tuple[bytes | None, str]) -> list[dict] | None:
+    """Each rank's state of checkpoint ``name`` with its environments' snapshots as bytes to unpickle, when every
+    snapshot's HMAC checks under the user's key (user_key's ``key_and_reason``); None, said in one line, otherwise:
+    a snapshot someone else made, or changed, could run code when unpickled."""
+    key, reason = key_and_reason
+    if all(blob.verified(key) for state in ranks_state for blob in state["envs"]):
+        return [dict(state, envs=[blob.data for blob in state["envs"]]) for state in ranks_state]
+    why = reason or f"not signed with the key {key_path()}"
+    mpi_util.print0(f"train.py: warning: the environments' snapshots in {name} are not loaded ({why}; a run made by "
+                    "another user, on a host with another key, or changed since): resuming with fresh episodes")
+    return None
+
+
 def checkpoint(run_dir: Path, learner: Learner | None, counters: Counters, worker: RolloutWorker,
                action_rng: np.random.Generator, nprocs: int, elapsed_s: float) -> None:
-    """Every rank's episode state and RNG go to rank 0 (small pickles), which writes one file with the learner."""
-    from trainer.checkpoint import list_checkpoints, save_checkpoint
+    """Every rank's episode state and RNG go to rank 0 (small pickles), which signs the environments' snapshots and
+    writes one file with the learner."""
     from trainer.env_state import snapshot_env
 
     mine = {"envs": [snapshot_env(env) for env in worker.envs], "episode": worker.episode_state(),
@@ -68,6 +91,8 @@ def checkpoint(run_dir: Path, learner: Learner | None, counters: Counters, worke
     ranks_state = mpi_util.gather_objects(mine)
     if not learner:
         return
+    key = learner.checkpoint_key()
+    ranks_state = [dict(state, envs=[SignedPickle.sign(blob, key) for blob in state["envs"]]) for state in ranks_state]
     try:
         save_checkpoint(run_dir / "checkpoints", counters.iteration, {
             **learner.checkpoint_state(), "nprocs": nprocs, "counters": counters.array.copy(),
@@ -85,8 +110,6 @@ def restart_from_newest_checkpoint(run_dir: Path, args: list[str]) -> Callable[[
     newest checkpoint (or from the start when it has none yet; ``args`` name the same run directory), said in one
     line."""
     def restart(failure: mpi_util.JobFailure) -> list[str]:
-        from trainer.checkpoint import list_checkpoints
-
         kept = list_checkpoints(run_dir / "checkpoints")
         print(f"train.py: {failure.cause}; restarting "
               + (f"from checkpoint {kept[-1].stem}" if kept else "from the start (no checkpoint yet)")
@@ -103,8 +126,6 @@ def as_numpy(value: object) -> np.ndarray:
 
 def resume_note(run_dir: Path) -> str:
     """What is kept of a run that ends early, and how to go on from it."""
-    from trainer.checkpoint import list_checkpoints
-
     kept = list_checkpoints(run_dir / "checkpoints")
     if not kept:
         return (f"no checkpoint was written yet: the run starts again from the beginning (in a new run directory; "

@@ -9,9 +9,11 @@ in the same second get NAME and NAME-2.
 ``prepare_run_dir`` creates train.py's run directory and writes its longest path there once, so that a directory
 the run cannot use fails before the job starts.
 
-Locks: ``flock`` on RUN_DIR/.lock. Where the filesystem refuses flock (ENOSYS, ENOLCK, EOPNOTSUPP), an exclusive
-lock file RUN_DIR/.lock-owner, created with O_CREAT|O_EXCL, names the holder (host, pid, pid namespace and the
-process's start time) and is removed when the holder exits. A lock file left by a process that died (killed, or
+Locks: ``flock`` on RUN_DIR/.lock. Where the filesystem refuses flock (ENOSYS, ENOLCK, EOPNOTSUPP), or grants it on
+each node alone (Lustre mounted with ``localflock``, NFS with ``nolock`` or ``local_lock=flock|all``, as the mount's
+options in /proc/self/mountinfo say: ``node_local_flock``), an exclusive lock file RUN_DIR/.lock-owner, created with
+O_CREAT|O_EXCL, names the holder (host, pid, pid namespace and the process's start time) and is removed when the
+holder exits. A lock file left by a process that died (killed, or
 ended by an MPI abort) is taken over when that is provable, on the same host; from another host it is reported
 with the holder and the command that removes it.
 """
@@ -129,12 +131,43 @@ class RunDirLock:
                 pass  # already gone
 
 
-def lock_run_dir(run_dir: Path, flock: Callable[[int, int], None] = fcntl.flock) -> RunDirLock:
+def node_local_flock(path: Path, mountinfo: str | None = None) -> str:
+    """Why flock on ``path`` would hold on this node only ("nfs4 mounted with local_lock=flock", say), from the options
+    of the mount that holds it in ``mountinfo`` (/proc/self/mountinfo's text when None); "" where it holds across
+    nodes, or where that cannot be told."""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return ""
+    target, best = os.path.realpath(path), ("", "", "")
+    for line in mountinfo.splitlines():
+        fields, _, after = line.partition(" - ")
+        fields, after = fields.split(), after.split()
+        if len(fields) < 6 or len(after) < 3:
+            continue
+        # Octal escapes in mount points: "\040" is a space.
+        mount_point = fields[4].encode().decode("unicode_escape")
+        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best[0]):
+            best = (mount_point, after[0], f"{fields[5]},{after[2]}")
+    _, fstype, options = best
+    options = set(options.split(","))
+    node_local = {"localflock"} if fstype.startswith("lustre") else (
+        {"nolock", "local_lock=flock", "local_lock=all"} if fstype.startswith("nfs") else set())
+    found = sorted(node_local & options)
+    return f"{fstype} mounted with {found[0]}" if found else ""
+
+
+def lock_run_dir(run_dir: Path, flock: Callable[[int, int], None] = fcntl.flock,
+                 flock_scope: Callable[[Path], str] = node_local_flock) -> RunDirLock:
     """An exclusive lock on ``run_dir`` for this process; RunDirInUseError (a ValueError) when another job holds it.
 
     Two jobs writing one run directory (a --resume started while the old job still runs) would interleave
-    checkpoints and logs. ``flock`` is the system call used, a parameter so that a filesystem without it can be
-    stood in for. Where it fails with ENOSYS, ENOLCK or EOPNOTSUPP the lock is the lock file RUN_DIR/.lock-owner.
+    checkpoints and logs. ``flock`` is the system call used, and ``flock_scope`` says why flock holds on this node
+    only ("" where it holds everywhere): parameters, so that such filesystems can be stood in for. Where flock fails
+    with ENOSYS, ENOLCK or EOPNOTSUPP the lock is the lock file RUN_DIR/.lock-owner; where it holds on this node only,
+    the lock is both.
     """
     # Opened without following a link: a link planted at that name is refused, not written through.
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -156,7 +189,15 @@ def lock_run_dir(run_dir: Path, flock: Callable[[int, int], None] = fcntl.flock)
         if error.errno not in _FLOCK_UNSUPPORTED:
             raise
         return _lock_with_owner_file(run_dir)
-    return RunDirLock(handle=handle)
+    if not flock_scope(run_dir):
+        return RunDirLock(handle=handle)
+    try:  # a job on another node may hold the same flock: the lock file says whether one does
+        owner_lock = _lock_with_owner_file(run_dir)
+    except BaseException:
+        handle.close()
+        raise
+    owner_lock._handle = handle
+    return owner_lock
 
 
 def _lock_with_owner_file(run_dir: Path) -> RunDirLock:
@@ -249,5 +290,6 @@ def _in_use_message(run_dir: Path, path: Path, holder: str, me: str) -> str:
         return (f"{run_dir} is locked by {path}, which names no process (it holds {holder.strip()[:80]!r}); "
                 f"if no job uses {run_dir}, remove it: rm {path}")
     where = "this host" if theirs["host"] == _fields(me)["host"] else f"host {theirs['host']}"
-    return (f"{run_dir} is in use by another training job (pid {theirs['pid']} on {where}; this filesystem has no "
-            f"flock, so its lock file {path} says so); wait for it to end, or if that job has ended, rm {path}")
+    return (f"{run_dir} is in use by another training job (pid {theirs['pid']} on {where}; flock on this filesystem "
+            f"is missing or holds on one node only, so its lock file {path} says so); wait for it to end, or if that "
+            f"job has ended, rm {path}")
