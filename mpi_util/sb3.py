@@ -549,10 +549,26 @@ def _refusal(model: Any) -> str:
             "OnPolicyAlgorithm) and ARS")
 
 
-def _prepare_rank(model: Any, rank: int, env_axes: Mapping[str, int]) -> tuple[int, dict[str, int]]:
-    """Check ``model`` and, on ranks r > 0, re-seed it and silence its logger; returns its number of envs and its
-    buffer's arrays with their env axes (see ``_buffer_env_axes``; none for ARS). A check that fails leaves the model
-    as it was."""
+def _split_n_steps(model: Any, nranks: int) -> None:
+    """Give ``model`` n_steps / nranks steps per env and rollout, and a rollout buffer of that size, so that the
+    ranks together gather the batch it was built for; ValueError when n_steps does not split evenly."""
+    if model.n_steps % nranks:
+        raise ValueError(f"parallelize: split_n_steps: n_steps {model.n_steps} does not split evenly over {nranks} "
+                         f"ranks; build the model with an n_steps that is a multiple of {nranks}, or leave "
+                         "split_n_steps off")
+    model.n_steps //= nranks
+    buffer = copy.copy(model.rollout_buffer)
+    buffer.buffer_size = model.n_steps
+    if hasattr(buffer, "hidden_state_shape"):
+        buffer.hidden_state_shape = (model.n_steps, *buffer.hidden_state_shape[1:])
+    buffer.reset()  # new arrays of the new size
+    model.rollout_buffer = buffer
+
+
+def _prepare_rank(model: Any, rank: int, env_axes: Mapping[str, int], split_over: int) -> tuple[int, dict[str, int]]:
+    """Check ``model``; with ``split_over`` ranks (0: no split) divide its n_steps among them; on ranks r > 0,
+    re-seed it and silence its logger. Returns its number of envs and its buffer's arrays with their env axes (see
+    ``_buffer_env_axes``; none for ARS). A check that fails leaves the model as it was."""
     ars = _is_ars(model)
     on_policy = hasattr(model, "collect_rollouts") and hasattr(model, "rollout_buffer") and hasattr(model, "n_steps")
     if not (ars or on_policy):
@@ -561,9 +577,12 @@ def _prepare_rank(model: Any, rank: int, env_axes: Mapping[str, int]) -> tuple[i
         raise ValueError("parallelize: this model is already parallel; call parallelize once per model")
     if model.env is None:
         raise ValueError("parallelize: the model has no env; pass this rank's env when building it")
-    if ars and env_axes:
-        raise ValueError("parallelize: env_axes names arrays of a rollout buffer, and ARS has none; leave it out")
+    if ars and (env_axes or split_over):
+        raise ValueError("parallelize: env_axes and split_n_steps concern a rollout buffer, and ARS has none; leave "
+                         "them out")
     axes = {} if ars else _buffer_env_axes(model.rollout_buffer, env_axes)
+    if split_over:
+        _split_n_steps(model, split_over)
     if model.device.type == "cuda" and model.device.index is None:
         _move_to_rank_gpu(model)
     if rank > 0:
@@ -576,6 +595,18 @@ def _prepare_rank(model: Any, rank: int, env_axes: Mapping[str, int]) -> tuple[i
         model.set_logger(Logger(folder=None, output_formats=[]))
         model.verbose = 0
     return int(model.env.num_envs if ars else model.rollout_buffer.n_envs), axes
+
+
+def _batch_line(name: str, n_steps: int, n_steps_built: int, total_envs: int, rank0_envs: int, nranks: int) -> str:
+    """What each update of a parallel model learns from, in one line (rank 0's envs stand for one rank's)."""
+    line = (f"mpi_util.sb3: {name} on {nranks} ranks learns from {n_steps} steps x {total_envs} envs = "
+            f"{n_steps * total_envs:,} steps per update")
+    if n_steps != n_steps_built:
+        return line + f" (n_steps {n_steps_built} split over the ranks: the batch the model was built for)"
+    if nranks > 1:
+        return line + (f", {n_steps * total_envs / (n_steps * rank0_envs):g}x one process's {n_steps * rank0_envs:,}; "
+                       "parallelize(model, split_n_steps=True) keeps the model's batch instead")
+    return line
 
 
 def _agree(comm: MPI.Comm, failure: Exception | None, value: int) -> list[int]:
@@ -593,7 +624,8 @@ def _agree(comm: MPI.Comm, failure: Exception | None, value: int) -> list[int]:
     return outcomes
 
 
-def parallelize(model: Model, comm: MPI.Comm | None = None, env_axes: Mapping[str, int] | None = None) -> Model:
+def parallelize(model: Model, comm: MPI.Comm | None = None, env_axes: Mapping[str, int] | None = None,
+                split_n_steps: bool = False) -> Model:
     """Make an SB3 on-policy model learn on every rank of ``comm``: PPO, A2C, sb3-contrib's TRPO, MaskablePPO and
     RecurrentPPO, or another subclass of OnPolicyAlgorithm whose rollout buffer holds arrays it knows; or
     sb3-contrib's ARS, whose candidates each update the ranks share (see ``_ars_parallel_class``).
@@ -608,19 +640,27 @@ def parallelize(model: Model, comm: MPI.Comm | None = None, env_axes: Mapping[st
     run on rank 0 only and see every rank's steps in ``num_timesteps``. Off-policy models (SAC, TD3, DQN, ...) and
     anything else are refused with a TypeError that says what they are.
 
+    Rank 0 learns from every rank's rows: by default each update's batch is n_steps x (all ranks' envs), N times a
+    one-process run's with N ranks of the same envs, and so are PPO's minibatch steps per epoch. ``split_n_steps``
+    keeps the batch the model was built with (a tuned config's): each rank rolls out n_steps / N steps per env.
+    Rank 0 says in one line which batch each update learns from.
+
     Args:
         model: an SB3 or sb3-contrib model built with this rank's VecEnv, not yet parallel.
         comm: the communicator; None for COMM_WORLD.
         env_axes: arrays of a custom rollout buffer besides those of SB3's and sb3-contrib's, {attribute name: the
             axis that indexes envs}, for example {"costs": 1} for costs of shape (n_steps, n_envs).
+        split_n_steps: divide the model's n_steps by the number of ranks (which must divide it), so that the ranks
+            together gather the batch the model was built for.
 
     Returns:
         ``model`` itself, its class now the parallel subclass of its own.
 
     Raises:
         TypeError: ``model`` is off-policy or otherwise neither on-policy nor ARS (saying what it is).
-        ValueError: the model is already parallel, has no env, is ARS with ``env_axes``, or has a rollout buffer
-            holding an array that is neither SB3's, sb3-contrib's nor in ``env_axes`` (on every rank).
+        ValueError: the model is already parallel, has no env, is ARS with ``env_axes`` or ``split_n_steps``, has
+            an n_steps the ranks do not divide (with ``split_n_steps``), or has a rollout buffer holding an array
+            that is neither SB3's, sb3-contrib's nor in ``env_axes`` (on every rank).
         RuntimeError: on the other ranks, naming the rank and its error, when preparing the model failed on one.
     """
     comm = COMM_WORLD if comm is None else comm
@@ -628,12 +668,16 @@ def parallelize(model: Model, comm: MPI.Comm | None = None, env_axes: Mapping[st
     # then all agree before any collective of SB3's own, so that a failure is an error on every rank instead of the
     # other ranks waiting in a collective for a rank that has left.
     try:
-        n_envs, axes = _prepare_rank(model, comm.Get_rank(), env_axes or {})
+        n_steps_built = getattr(model, "n_steps", 0)
+        n_envs, axes = _prepare_rank(model, comm.Get_rank(), env_axes or {}, comm.Get_size() if split_n_steps else 0)
         failure = None
     except Exception as error:
         n_envs, axes, failure = 0, {}, error
     total_envs = sum(_agree(comm, failure, n_envs))
     ars = _is_ars(model)
+    if comm.Get_rank() == 0 and not ars:
+        print(_batch_line(type(model).__name__, model.n_steps, n_steps_built, total_envs, n_envs, comm.Get_size()),
+              flush=True)
     local_buffer = None if ars else model.rollout_buffer  # type: ignore[attr-defined]
     try:
         cls = type(model)

@@ -36,6 +36,14 @@ def test_two_ranks_rank0_trains_on_both_ranks_rollouts_in_rank_order(tmp_path_fa
         result = mpiexec(2, "sb3_cases.py", "two_ranks", str(out), timeout=120)
         assert result.returncode == 0, result.stderr[-3000:]
         assert "ppo: ranks out of sync: []" in result.stdout and "a2c: ranks out of sync: []" in result.stdout
+        lines = result.stdout.splitlines()
+        assert ("mpi_util.sb3: PPO on 2 ranks learns from 64 steps x 3 envs = 192 steps per update, 1.5x one "
+                    "process's 128; parallelize(model, split_n_steps=True) keeps the model's batch instead" in lines
+                and "mpi_util.sb3: PPO on 2 ranks learns from 32 steps x 2 envs = 64 steps per update (n_steps 64 "
+                    "split over the ranks: the batch the model was built for)" in lines
+                and "split: n_steps 32, rank 0's buffer (64, 3), steps 64" in lines  # 32 steps x 2 envs
+                and "refused: parallelize: split_n_steps: n_steps 63 does not split evenly over 2 ranks; build the "
+                    "model with an n_steps that is a multiple of 2, or leave split_n_steps off" in lines), lines
     rank0, rank1 = (np.load(out / f"two_ranks_{algo}_rank{r}.npz") for r in (0, 1))
     for name in ROLLOUT_ARRAYS:
         mine, theirs, trained = rank0[f"local/{name}"], rank1[f"local/{name}"], rank0[f"trained/{name}"]
@@ -243,8 +251,8 @@ def test_ars_at_one_process_gives_plain_ars_results_bit_for_bit(tmp_path):
     for line in ("linear: 9 arrays, differ from plain ARS: []; steps 6400 6400; updates 2 2",
                  "mlp: 6 arrays, differ from plain ARS: []; steps 1664 1664; updates 8 8",
                  "async_eval: 9 arrays, differ from plain ARS: []; steps 3200 3200; updates 2 2",
-                 "env_axes refused: parallelize: env_axes names arrays of a rollout buffer, and ARS has none; leave "
-                 "it out"):
+                 "env_axes refused: parallelize: env_axes and split_n_steps concern a rollout buffer, and ARS has "
+                 "none; leave them out"):
         assert line in result.stdout, result.stdout
 
 

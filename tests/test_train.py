@@ -8,14 +8,16 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import FEW_MINIBATCHES, REPO, run_bounded
 
+from algos.numpy_actor import NumpyActor
 from algos.registry import ALGORITHMS
 
 TRAIN = str(REPO / "train.py")
 # Columns that depend on the wall clock; every other logged value must be reproducible.
-TIMING_COLUMNS = {"steps_per_s", "wall_s", "t_rollout", "t_gather", "t_update", "t_bcast"}
+TIMING_COLUMNS = {"steps_per_s", "wall_s", "t_rollout", "t_gather", "t_update", "t_bcast", "t_eval"}
 
 
 def train(*args: str, timeout: float = 240) -> tuple[Path, str]:
@@ -205,9 +207,11 @@ RESUMES = [(algo, 2, 28) if i == 0 else (algo, 1, 30) for i, algo in enumerate(A
 def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir, algo, envs_per_rank, episodes_by_iteration_3):
     # The same step budget for both, so the linear learning-rate schedule is the same: the first part stops
     # on an episode budget instead (Pendulum's episodes all last 200 steps; after iteration 3 each of the 2 x 1
-    # envs has run 3072 steps, 15 episodes, and each of the 2 x 2 envs 1536 steps, 7 episodes).
+    # envs has run 3072 steps, 15 episodes, and each of the 2 x 2 envs 1536 steps, 7 episodes). Evaluations at
+    # iterations 2, 4 and 6 continue too, with the best so far.
     common = ["Pendulum-v1", "--algo", algo, "--nprocs", "2", "--envs_per_rank", str(envs_per_rank),
-              "--checkpoint_every", "3", "--total_steps", "12288", *FEW_MINIBATCHES]
+              "--checkpoint_every", "3", "--total_steps", "12288", "--eval_every", "2", "--eval_episodes", "3",
+              *FEW_MINIBATCHES]
     whole, _ = train(*common, "--logdir", str(runs_dir / f"whole_{algo}{envs_per_rank}"))
     part, _ = train(*common, "--num_episodes", str(episodes_by_iteration_3),
                     "--logdir", str(runs_dir / f"part_{algo}{envs_per_rank}"))
@@ -215,6 +219,39 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir, algo, envs
     assert resumed == part
     assert "from ckpt_00000003.npz: iteration 3, step 6144" in out
     assert reproducible_part(progress(resumed)) == reproducible_part(progress(whole))
+    assert in_documented_order(list(progress(whole)[0]))
+    best = [NumpyActor.load(run / "best_policy.npz") for run in (resumed, whole)]
+    assert best[0][1] == best[1][1] and all(np.array_equal(a, b) for a, b in
+                                            zip(best[0][0].state_arrays(), best[1][0].state_arrays(), strict=True))
+
+
+def documented_columns() -> list[str]:
+    """progress.csv's columns as docs/training.md lists them, in its order."""
+    text = (REPO / "docs" / "training.md").read_text().split("### progress.csv", 1)[1].split("\n#", 1)[0]
+    return re.findall(r"^\| `(\w+)` \|", text, flags=re.MULTILINE)
+
+
+def in_documented_order(header: list[str]) -> bool:
+    documented = documented_columns()
+    return set(header) <= set(documented) and header == sorted(header, key=documented.index)
+
+
+def test_evaluation_scores_the_policy_keeps_the_best_and_changes_nothing_of_the_training(runs_dir):
+    common = ["CartPole-v1", "--nprocs", "2", "--batch_size", "512", "--total_steps", "2048", *FEW_MINIBATCHES]
+    evaluated, _ = train(*common, "--eval_every", "2", "--eval_episodes", "3", "--logdir", str(runs_dir / "eval"))
+    plain, _ = train(*common, "--logdir", str(runs_dir / "no_eval"))
+    rows = progress(evaluated)
+    assert list(rows[0]) == [c for c in documented_columns() if c not in ("backtracks", "lag_weight_max")]
+    scores = [row["eval_return_mean"] for row in rows]
+    assert scores[0] == scores[2] == "nan" and "nan" not in (scores[1], scores[3]), scores
+    assert [{k: v for k, v in row.items() if not k.startswith("eval_")} for row in reproducible_part(rows)] == \
+        reproducible_part(progress(plain))
+    assert b"eval_return_mean" in next((evaluated / "tb").iterdir()).read_bytes()
+    # --play plays the very episodes that scored the best policy (the same seeds, the deterministic policy).
+    actor, spec = NumpyActor.load(evaluated / "best_policy.npz")
+    assert spec["eval_return_mean"] == max(float(s) for s in scores if s != "nan") and spec["eval_episodes"] == 3
+    played = run_bounded([sys.executable, TRAIN, "--play", str(evaluated / "best_policy.npz"), "--episodes", "3"], 60)
+    assert f"mean return {spec['eval_return_mean']:.1f} over 3 episodes" in played.stdout, played.stdout
 
 
 def test_resume_with_different_nprocs_keeps_counters_and_other_versions_are_named(runs_dir):
@@ -280,6 +317,8 @@ BAD_INPUTS = [
     (["CartPole-v1", "--kl_targ", "nan"], "--kl_targ must be a finite number, got nan"),
     (["CartPole-v1", "--seed", "-1"], "--seed must be a non-negative integer, got -1"),
     (["CartPole-v1", "--stop_grace", "0"], "--stop_grace must be > 0 seconds, got 0.0"),
+    (["CartPole-v1", "--eval_every", "-1"], "--eval_every must be >= 0 iterations (0: never), got -1"),
+    (["CartPole-v1", "--eval_every", "2", "--eval_episodes", "0"], "--eval_episodes must be at least 1, got 0"),
     (["--resume", "/nonexistent/run"], "not a run directory (no config.json)"),
     (["CartPole-v1", "--nprocs", "2", "--hostfile", "/no/hosts"], "--hostfile /no/hosts: no such file"),
     (["CartPole-v1", "--hostfile", __file__], "--hostfile needs --nprocs N with N >= 2"),

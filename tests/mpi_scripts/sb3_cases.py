@@ -1,7 +1,7 @@
 """Stable-Baselines3 through mpi_util.sb3.parallelize: one process against plain SB3, and what rank 0 trains on.
 
     python sb3_cases.py one_process OUT        # plain SB3 and parallelize(...) at one process, PPO and A2C
-    mpiexec -n 2 python sb3_cases.py two_ranks OUT
+    mpiexec -n 2 python sb3_cases.py two_ranks OUT     # also split_n_steps
     mpiexec -n 2 python sb3_cases.py callbacks OUT   # callbacks given on every rank; a stop from rank 0
     mpiexec -n 2 python sb3_cases.py vec_envs OUT    # DummyVecEnv, then SubprocVecEnv by each start method
 
@@ -92,6 +92,17 @@ def two_ranks(out: Path) -> None:
         out_of_sync = mpi_util.ranks_out_of_sync([model.policy, *[v for k, v in state(model).items()
                                                                   if not k.startswith("policy/")]])
         mpi_util.print0(f"{algo}: ranks out of sync: {out_of_sync}")
+    # A tuned config's batch kept: n_steps 64 of one env per rank split over the 2 ranks.
+    model = parallelize(PPO("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=1, seed=rank), n_steps=64, batch_size=32,
+                            n_epochs=1, seed=11, device="cpu"), split_n_steps=True)
+    model.learn(64)
+    mpi_util.print0(f"split: n_steps {model.n_steps}, rank 0's buffer {model.rollout_buffer.observations.shape}, "
+                    f"steps {model.num_timesteps}")
+    try:
+        parallelize(PPO("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=1), n_steps=63, batch_size=63, device="cpu"),
+                    split_n_steps=True)
+    except ValueError as error:
+        mpi_util.print0(f"refused: {error}")
 
 
 class Record(BaseCallback):
