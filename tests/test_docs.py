@@ -26,7 +26,7 @@ RUN_BY = {"recipe.py": "test_mpi_fork.py", "sb3_ppo_mpi.py": "test_sb3.py", "sb3
           "sb3_subproc_mpi.py": "test_examples.py", "sb3_atari_mpi.py": "test_examples.py",
           "cleanrl_ppo_mpi.py": "test_examples.py", "torch_pg_mpi.py": "test_examples.py",
           "keras_pg_mpi.py": "test_examples.py", "jax_pg_mpi.py": "test_examples.py",
-          "play_policy_file.py": "test_run_names.py"}
+          "play_policy_file.py": "test_run_names.py", "train_from_python.py": "test_api.py"}
 
 
 def python_snippets(path: Path) -> list[str]:
@@ -140,11 +140,12 @@ def rendered_docstrings() -> list[str]:
     public members (mkdocs.yml's filter leaves out names that start with "_")."""
     import griffe
 
-    package = griffe.load("mpi_util", search_paths=[str(REPO)])
+    packages = {name: griffe.load(name, search_paths=[str(REPO)]) for name in ("mpi_util", "trainer")}
     paths = re.findall(r"^::: ([\w.]+)$", (REPO / "docs" / "api.md").read_text(), flags=re.M)
     docstrings = []
     for path in paths:
-        obj = package if path == "mpi_util" else package[path.removeprefix("mpi_util.")]
+        top, _, rest = path.partition(".")
+        obj = packages[top][rest] if rest else packages[top]
         for member in [obj, *(m for name, m in obj.members.items() if not name.startswith("_"))]:
             if member.docstring is not None:
                 docstrings.append(member.docstring.value)
@@ -189,7 +190,7 @@ def test_mkdocs_builds_the_guides_and_api_reference_without_warnings(site):
 def test_api_reference_lists_every_export_in_the_order_a_user_meets_them():
     directives = re.findall(r"^::: ([\w.]+)$", (REPO / "docs" / "api.md").read_text(), flags=re.M)
     assert sorted(f"mpi_util.{name}" for name in mpi_util.__all__) == sorted(
-        path for path in directives if not path.startswith("mpi_util.sb3."))
+        path for path in directives if not path.startswith(("mpi_util.sb3.", "trainer.")))
     order = ["mpi_fork", "set_global_seeds", "rank0_accum_batches", "rank0_bcast_wts", "all_sum",
              "SharedRunningStats", "setup_gpu", "set_stall_timeout", "sb3.parallelize"]
     positions = [directives.index(f"mpi_util.{name}") for name in order]
@@ -269,6 +270,26 @@ FIGURES = [
     ("sb3.md", "random play scores 1.6 over 100 games", "sb3_atari/run.md", ["scored 1.62 on average"]),
     ("training.md", "at 2.06x its steps/s", "peers_minatar/results.md",
      ["steps/s after the warm-up: median **2.06x** over 3 repeat(s)"]),
+    ("training.md", "0.86x the steps/s with `--eval_every 5` and 0.60x with `--eval_every 1`", "eval_cost/results.md",
+     ["| 2 | eval_every_5 | 6,074 | 0.1815 | 0.0101 | 0.1022 | 0.0015 | 0.86x | 0.78, 0.95 |",
+      "| 2 | eval_every_1 | 4,235 | 0.1839 | 0.0082 | 0.1051 | 0.0015 | 0.60x | 0.61, 0.59 |"]),
+    ("../README.md", "**4,341 ± 307** (3 seeds) | **3,190 ± 810** (5 seeds)", "learning_policy_lag/sync/results.md",
+     ["| Hopper-v5 | PPO | 2 | 5 | 0 1 2 3 4 | 1,001,472 | 3,190 ± 810 |",
+      "| Walker2d-v5 | PPO | 2 | 3 | 0 1 2 | 1,001,472 | 4,341 ± 307 |"]),
+    ("../README.md", "| this project, PPO, eval, `--nprocs 2`, first runs (2026-11-22/23) | 4,567 ± 514 (10 seeds) | "
+     "2,586 ± 961 (5 seeds) |", "learning/results.md",
+     ["| Hopper-v5 | PPO | 2 | 5 | 0 1 2 3 4 | 1,001,472 | 2,586 ± 961 | 2,227 ± 732 |",
+      "| Walker2d-v5 | PPO | 2 | 10 | 0 1 2 3 4 5 6 7 8 9 | 1,001,472 | 4,567 ± 514 | 3,778 ± 832 |"]),
+    ("../README.md", "| 1,001,472 | 143 s | 7,003 | 3,475 (the 26 episodes", "walker2d_8procs/command.txt",
+     ["143 s of training (1,001,472 steps, 7,003 steps/s)", "mean return 3,475 over the 26 episodes"]),
+    ("../README.md", "gave 5,682 steps/s at `--nprocs 8` instead of 12,839", "scaling_2026-11-26/results.md",
+     ["| 8 | 5,682 | nan |"]),
+    ("../README.md", "| 1 | 7,433 | 546 | | 2 | 13,034 | 1,040 | | 8 | 12,839 | 2,484 (at 9, its peak) |",
+     "scaling_2026-11-25/results.md", ["| 1 | 7,433 | 313.1 | 546 |", "| 2 | 13,034 | 337.0 | 1,040 |",
+                                       "| 8 | 12,839 | 375.0 | nan |"]),
+    ("../README.md", "ran 6.1-8.5x the steps/s", "peers/results.md",
+     ["| 1 | train.py --nprocs 2 | 12,307 |", "| 1 | stable-baselines3 PPO, 1 env, torch 1 thread(s) | 2,018 |",
+      "| 2 | train.py --nprocs 2 | 12,477 |", "| 2 | RLlib PPO, 2 env runners | 1,467 |"]),
     ("training.md", "2.49x on the Intel one", "peers_minatar_seeds3_5/results.md",
      ["steps/s after the warm-up: median **2.49x** over 3 repeat(s)"]),
     ("training.md", "Atari runs at 381-458 steps/s", "scaling_pong/results.md",
