@@ -14,7 +14,7 @@ def rows(total_steps: int, per_iteration: int) -> list[dict]:
 def console(tmp_path, progress_bar: bool) -> str:
     """What RunLogger prints for two iterations of 2048 steps out of 4096."""
     out = io.StringIO()
-    logger = RunLogger(tmp_path, total_steps=4096, progress_bar=progress_bar, resume=False, out=out)
+    logger = RunLogger(tmp_path, total_steps=4096, progress_bar=progress_bar, resume=False, hparams={}, out=out)
     for row in rows(4096, 2048):
         logger.log(row)
     logger.close()
@@ -34,3 +34,26 @@ def test_no_progress_bar_when_output_is_not_a_terminal(tmp_path):
     lines = text.splitlines()
     assert len(lines) == 3 and "%|" not in text and "\r" not in text
     assert lines[2].split()[:2] == ["2", "4096"]
+
+
+def test_the_run_s_settings_are_in_tensorboard_s_hparams_dashboard(tmp_path):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    logger = RunLogger(tmp_path, total_steps=4096, progress_bar=False, resume=False, out=io.StringIO(),
+                       hparams={"algo": "ppo", "lr": 3e-4, "hidden": (64, 64), "check_sync": False, "kl_targ": None})
+    logger.log(rows(4096, 2048)[0])
+    logger.close()
+    (events,) = (tmp_path / "tb").iterdir()
+    found = {}
+    for event in EventFileLoader(str(events)).Load():
+        for value in event.summary.value:
+            if value.metadata.plugin_data.plugin_name == "hparams":
+                data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                found[data.WhichOneof("data")] = data
+    hparams = found["session_start_info"].session_start_info.hparams
+    assert {name: str(value).strip() for name, value in hparams.items()} == {
+        "algo": 'string_value: "ppo"', "lr": "number_value: 0.0003", "hidden": 'string_value: "64,64"',
+        "check_sync": "bool_value: false", "kl_targ": 'string_value: "none"'}
+    assert [m.name.tag for m in found["experiment"].experiment.metric_infos] == ["ep_return_mean", "eval_return_mean",
+                                                                                 "steps_per_s"]

@@ -411,3 +411,18 @@ def test_every_train_option_the_docs_mention_is_in_help():
             mentioned |= set(re.findall(r"\s(--[a-z_]+)", command))
     assert len(mentioned) > 20
     assert sorted(mentioned - listed) == []
+
+
+def test_track_logs_every_iteration_to_weights_and_biases_offline_from_rank_0(tmp_path):
+    pytest.importorskip("wandb", reason="wandb not installed (pip install -e '.[test]' brings it)")
+    result = run_bounded([sys.executable, TRAIN, "CartPole-v1", "--nprocs", "2", "--batch_size", "512",
+                          "--total_steps", "1024", *FEW_MINIBATCHES, "--track", "--logdir", str(tmp_path)], 120,
+                         {"WANDB_MODE": "offline"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = next(tmp_path.iterdir())
+    (offline,) = (run_dir / "wandb").glob(f"offline-run-*-{run_dir.name}")
+    assert (f"tracking with Weights & Biases: project mpi-batch-rl, run {run_dir.name}, offline in {offline} "
+            "(wandb sync it later)") in result.stdout.splitlines()
+    assert "wandb:" not in result.stdout + result.stderr  # W&B's own start-up lines held back
+    log = (offline / f"run-{run_dir.name}.wandb").read_bytes()
+    assert all(key in log for key in (b"ep_return_mean", b"steps_per_s", b"wandb_project", b"CartPole-v1"))

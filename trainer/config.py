@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import json
 import math
 import re
@@ -99,6 +100,12 @@ class TrainConfig:
     stop_grace: float = setting(30.0, "after Ctrl-C or SIGTERM, seconds the processes wait for each other to finish "
                                       "the iteration and checkpoint before the job ends without one, naming a process "
                                       "that did not arrive; match your scheduler's warning time")
+    track: bool = setting(False, "also log every iteration's values and the run's settings to Weights & Biases, from "
+                                 "rank 0 (pip install -c constraints.txt -e '.[track]'); WANDB_MODE=offline keeps the "
+                                 "run in RUN_DIR/wandb, for wandb sync later")
+    wandb_project: str = setting("mpi-batch-rl", "with --track: the W&B project")
+    wandb_entity: str | None = setting(None, "with --track: the W&B entity (user or team); W&B's own default when "
+                                             "not given")
     config_version: int = 2
     """Layout of config.json: 1 before lr applied to TRPO (whose value function then always learned at 1e-3)."""
 
@@ -110,7 +117,7 @@ def option_fields() -> list[Field]:
 
 # What a resumed run may change; every other setting defines the run and comes from its config.json.
 _RESUMABLE = ("nprocs", "gpu_pct", "total_steps", "num_episodes", "checkpoint_every", "check_sync", "batch_split",
-              "stall_timeout", "stop_grace")
+              "stall_timeout", "stop_grace", "track", "wandb_project", "wandb_entity")
 
 
 def resolve_env_id(name: str) -> str:
@@ -366,4 +373,6 @@ def check_config(config: TrainConfig) -> None:
         raise ValueError(f"--algo {config.algo} is not one this train.py knows ({', '.join(ALGORITHMS)})")
     if config.lr is not None and not config.lr > 0:
         raise ValueError(f"--lr must be > 0, got {config.lr}")
+    if config.track and importlib.util.find_spec("wandb") is None:
+        raise ValueError("--track needs wandb: pip install -c constraints.txt -e '.[track]'")
     check_env_spaces(config.env_id)

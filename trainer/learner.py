@@ -8,6 +8,7 @@ import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -95,7 +96,8 @@ class Learner:
             record = {**asdict(self.config), **job, "rank0_cpus": self.cpus, **self.threads, "versions": self.versions}
             write_atomic(self.run_dir / "config.json", (json.dumps(record, indent=2) + "\n").encode())
             self.logger = RunLogger(self.run_dir, self.config.total_steps,
-                                    progress_bar=mpi_util.stdout_is_terminal(), resume=resuming)
+                                    progress_bar=mpi_util.stdout_is_terminal(), resume=resuming,
+                                    hparams=asdict(self.config), tracker=self._start_tracking(record))
             if resuming:
                 self.logger.truncate_after(iteration)
         except OSError as error:
@@ -220,6 +222,23 @@ class Learner:
             mpi_util.abort(f"train.py: error: cannot write the logs in {self.run_dir}: {error}. "
                            f"{self._kept_checkpoint_note()}: make the directory writable (or free space), then "
                            f"continue with python train.py --resume {self.run_dir}")
+
+    def _start_tracking(self, record: dict) -> Any:
+        """With --track, the Weights & Biases run of this run directory (resumed by its id when it exists), its
+        config ``record`` (config.json's); None otherwise. W&B's own start-up lines are held back: one line of ours
+        says where the run goes."""
+        if not self.config.track:
+            return None
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        run = wandb.init(project=self.config.wandb_project, entity=self.config.wandb_entity, name=self.run_dir.name,
+                         id=self.run_dir.name.replace("/", "-"), resume="allow", dir=str(self.run_dir),
+                         config=record)
+        where = (f"offline in {run.dir.removesuffix('/files')} (wandb sync it later)" if run.settings.mode == "offline"
+                 else run.url)
+        mpi_util.print0(f"tracking with Weights & Biases: project {self.config.wandb_project}, run {run.id}, {where}")
+        return run
 
     def checkpoint_key(self) -> bytes | None:
         """The user's key that signs the environments' snapshots (trainer.checkpoint.user_key), made if there is none;

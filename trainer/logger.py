@@ -61,10 +61,10 @@ def _whole_row_up_to(line: str, n_columns: int, iteration: int) -> bool:
 class RunLogger:
     """Writes RUN_DIR/progress.csv (every logged value, one row per iteration), TensorBoard event files in
     RUN_DIR/tb, and prints a compact line per iteration; with ``progress_bar`` also a bar with ETA on the
-    step budget. Used on rank 0 only."""
+    step budget; the run's settings go to TensorBoard's HParams dashboard. Used on rank 0 only."""
 
     def __init__(self, run_dir: Path, total_steps: int, progress_bar: bool, resume: bool,
-                 out: TextIO = sys.stdout) -> None:
+                 hparams: dict[str, Any], tracker: Any = None, out: TextIO = sys.stdout) -> None:
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.progress_bar = progress_bar
@@ -81,6 +81,8 @@ class RunLogger:
         self._lines_printed = 0
         self._bar: tqdm | None = None  # drawn from the first logged iteration on, below the lines
         self._tb = TensorBoardWriter(run_dir / "tb")
+        self._tracker = tracker  # a Weights & Biases run (--track), or None
+        self._tb.write_hparams(run_dir.name, hparams, ["ep_return_mean", "eval_return_mean", "steps_per_s"])
 
     def truncate_after(self, iteration: int) -> None:
         """Drop CSV rows after ``iteration`` (a resumed run redoes them from its checkpoint), and any row a crash or a
@@ -106,9 +108,11 @@ class RunLogger:
             csv.DictWriter(line, fieldnames=self._columns, extrasaction="ignore").writerow(row)
             with open(self._csv_path, "a", newline="") as f:
                 f.write(line.getvalue())
-        self._tb.write_scalars(int(row["total_steps"]), {
-            key: value for key, value in row.items()
-            if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value))})
+        scalars = {key: value for key, value in row.items()
+                   if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value))}
+        self._tb.write_scalars(int(row["total_steps"]), scalars)
+        if self._tracker is not None:
+            self._tracker.log(scalars, step=int(row["total_steps"]))
         self._print(row)
 
     def _print(self, row: dict[str, Any]) -> None:
@@ -134,6 +138,8 @@ class RunLogger:
         if self._bar is not None:
             self._bar.close()
         self._tb.close()
+        if self._tracker is not None:
+            self._tracker.finish()
 
 
 class TensorBoardWriter:
@@ -152,6 +158,19 @@ class TensorBoardWriter:
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
         self._records = RecordWriter(open(log_dir / name, "wb"))
         self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def write_hparams(self, trial: str, hparams: dict[str, Any], metrics: list[str]) -> None:
+        """The run's settings for TensorBoard's HParams dashboard: ``hparams`` ({name: value}; tuples shown as
+        "64,64", None as "none") as trial ``trial``, with ``metrics`` (scalar tags) its columns."""
+        from tensorboard.plugins.hparams import summary_v2
+
+        shown = {name: value if isinstance(value, bool | int | float | str) else
+                 "none" if value is None else ",".join(map(str, value)) if isinstance(value, tuple | list) else
+                 str(value) for name, value in hparams.items()}
+        config = summary_v2.hparams_config_pb([summary_v2.HParam(name) for name in shown],
+                                              [summary_v2.Metric(tag) for tag in metrics])
+        self._write(Event(wall_time=time.time(), summary=config))
+        self._write(Event(wall_time=time.time(), summary=summary_v2.hparams_pb(shown, trial_id=trial)))
 
     def write_scalars(self, step: int, values: dict[str, float]) -> None:
         """One event at ``step`` holding every ``{tag: value}``, flushed to the file."""

@@ -120,8 +120,8 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     launch.add_argument("--resume", type=str, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its newest good checkpoint; --nprocs, --gpu_pct, the "
                              "budget (--total_steps, --num_episodes), --checkpoint_every, --check_sync, "
-                             "--batch_split, --stall_timeout and --stop_grace may be changed, the other settings "
-                             "may not")
+                             "--batch_split, --stall_timeout, --stop_grace and the tracking (--track, --wandb_*) may "
+                             "be changed, the other settings may not")
     launch.add_argument("--play", type=str, metavar="RUN_DIR",
                         help="run RUN_DIR's saved policy (deterministic), or a policy file of --export, and print "
                              "episode returns")
