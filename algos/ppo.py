@@ -1,7 +1,7 @@
 """Proximal policy optimization (Schulman et al. 2017) with the clipped surrogate, run by rank 0."""
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
@@ -10,10 +10,10 @@ from algos.adam import FusedAdam
 from algos.learner_batch import batch_specs, prepare_batch, unrolled_calls, weight_for_policy_lag
 from algos.policy import ActorCritic
 from algos.registry import ALGORITHMS
-from mpi_util.stall import heartbeat
+from mpi_util import heartbeat
 
 if TYPE_CHECKING:
-    from trainer.config import TrainConfig
+    from collections.abc import Mapping
 
 
 _DEFAULTS = ALGORITHMS["ppo"].defaults  # train.py's options and this class share one set of defaults
@@ -196,9 +196,9 @@ class PPO:
         return self.ac.kl(old_params, obs)
 
 
-def from_config(ac: ActorCritic, config: "TrainConfig") -> PPO:
+def from_config(ac: ActorCritic, settings: "Mapping[str, Any]") -> PPO:
     """train.py's PPO (algos.registry): --lr, --epochs, --minibatch_size, --kl_targ (target_kl), --clip_ratio,
-    --ent_coef, --vf_coef and --seed."""
-    return PPO(ac, PPOConfig(lr=config.lr, epochs=config.epochs, minibatch_size=config.minibatch_size,
-                             clip_ratio=config.clip_ratio, target_kl=config.kl_targ, vf_coef=config.vf_coef,
-                             ent_coef=config.ent_coef), seed=config.seed)
+    --ent_coef, --vf_coef and --seed, by name in ``settings``."""
+    return PPO(ac, PPOConfig(lr=settings["lr"], epochs=settings["epochs"], minibatch_size=settings["minibatch_size"],
+                             clip_ratio=settings["clip_ratio"], target_kl=settings["kl_targ"],
+                             vf_coef=settings["vf_coef"], ent_coef=settings["ent_coef"]), seed=settings["seed"])

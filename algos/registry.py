@@ -1,9 +1,10 @@
 """What train.py needs from a learning algorithm (``Algorithm``) and the algorithms it runs (``ALGORITHMS``).
 
 Adding an algorithm is one new module in algos/ and one line in ALGORITHMS: the module holds a class that satisfies
-``Algorithm`` and a function ``f(ac: ActorCritic, config: TrainConfig) -> Algorithm`` that builds it; the line names
+``Algorithm`` and a function ``f(ac: ActorCritic, settings: Mapping[str, Any]) -> Algorithm`` that builds it from
+the values of its settings (the names of its defaults, and "seed"); the line names
 that function and gives the defaults of the train.py options the algorithm reads (--lr, --kl_targ, ...), and, per
-family of envs (algos.spaces.env_family: Atari), the defaults that replace them there, with the batch's layout for
+family of envs (envs.make.env_family: Atari), the defaults that replace them there, with the batch's layout for
 that family. train.py's --algo choices, those options' defaults and their --help, and rank 0's learner all come from
 ALGORITHMS; the algorithm's own configuration class takes its defaults from here too, so that each is written once.
 
@@ -18,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import numpy as np
 
     from algos.policy import ActorCritic
-    from trainer.config import TrainConfig
 
 
 @runtime_checkable
@@ -61,7 +63,8 @@ class AlgorithmSpec:
     """How train.py builds one algorithm, and what of its configuration it reads."""
 
     builder: str
-    """"module:function", imported on rank 0 only: function(ac: ActorCritic, config: TrainConfig) -> Algorithm."""
+    """"module:function", imported on rank 0 only: function(ac: ActorCritic, settings: Mapping[str, Any]) ->
+    Algorithm, ``settings`` holding the value of each setting of ``defaults`` and "seed"."""
     defaults: dict[str, Any]
     """The TrainConfig fields the algorithm reads besides seed, with their defaults (what --help shows and
     config.json records when an option is not given). With "lr_schedule", train.py sets the learning rate before
@@ -69,7 +72,7 @@ class AlgorithmSpec:
     set_clip_ratio(clip_ratio: float), which train.py calls before every update as --clip_schedule says. An option the
     algorithm does not read is refused."""
     families: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per family of envs (algos.spaces.env_family's names), the defaults that replace ``defaults`` there, and
+    """Per family of envs (envs.make.env_family's names), the defaults that replace ``defaults`` there, and
     TrainConfig's batch_size and ENVS_IN_ALL (the envs of all processes together, which sets --envs_per_rank) for
     that family. A setting the user gives wins over both."""
     shares_image_torso: bool = False
@@ -79,10 +82,14 @@ class AlgorithmSpec:
         """The defaults of an env of ``family`` (None: no family): ``defaults`` with the family's replacing them."""
         return {**self.defaults, **self.families.get(family or "", {})}
 
-    def build(self, ac: ActorCritic, config: TrainConfig) -> Algorithm:
-        """The algorithm for ``ac`` and ``config`` (imports its module, and TensorFlow with it)."""
+    def build(self, ac: ActorCritic, settings: Mapping[str, Any]) -> Algorithm:
+        """The algorithm for ``ac`` with ``settings`` ({name: value} of every setting of ``defaults`` and "seed"; the
+        run's configuration holds them under the same names); imports its module, and TensorFlow with it."""
+        missing = sorted({*self.defaults, "seed"} - set(settings))
+        if missing:
+            raise KeyError(f"the settings of {self.builder} lack {', '.join(missing)}")
         module, _, function = self.builder.partition(":")
-        return getattr(importlib.import_module(module), function)(ac, config)
+        return getattr(importlib.import_module(module), function)(ac, settings)
 
 
 ENVS_IN_ALL = "envs_in_all"

@@ -10,7 +10,7 @@ import numpy as np
 from algos.gae import gae_advantages
 from algos.numpy_actor import NumpyActor
 from algos.spaces import action_spec, obs_spec
-from mpi_util.stall import heartbeat
+from mpi_util import heartbeat
 
 # With a shared budget, a rank takes this many lockstep steps of its envs at a time: one take (an MPI atomic, ~2 us)
 # per 16 steps costs ~0.1% of a step's time, and the ranks finish within 16 steps (~2.5 ms) of each other.
@@ -68,7 +68,7 @@ class RolloutWorker:
         env = self.envs[0]
         self.gamma = gamma
         self.lam = lam
-        # Atari's training conventions (algos.atari): the value estimate ends at a lost life and learns from rewards
+        # Atari's training conventions (envs.atari): the value estimate ends at a lost life and learns from rewards
         # clipped to their sign; the episode, and its return, go on to the game's end.
         self.atari = atari
         self.obs = obs_spec(env.observation_space)  # ValueError names what is supported

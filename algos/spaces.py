@@ -1,4 +1,5 @@
-"""What the policy makes of an env's spaces: flat vectors or images in, a Gaussian or categorical actions out.
+"""What the policy makes of an env's spaces: flat vectors or images in, a Gaussian or categorical actions out (the
+envs themselves are made in envs/).
 
 Numpy only (gymnasium is imported by the functions that read a space): the workers and --play use it.
 """
@@ -10,9 +11,7 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED = ("observations: a Box of one dimension (a vector) or three (an image, height x width x channels), or a "
-             "Dict or Tuple of Boxes (flattened into a vector); actions: Box of one dimension, Discrete, "
-             "MultiDiscrete of one dimension, or MultiBinary of one dimension")
+from envs.make import SUPPORTED, one_line, unsupported_obs
 
 
 @dataclass(frozen=True)
@@ -74,16 +73,6 @@ def network_kind(obs: ObsSpec) -> str:
     return "nature_cnn" if len(conv_layers(obs.shape)[0]) > 1 else "small_cnn"
 
 
-def _one_line(space: Any) -> str:
-    """A space as one line (numpy prints a 2-D array over several)."""
-    return " ".join(str(space).split())
-
-
-def _unsupported_obs(space: Any) -> ValueError:
-    """The one-line error for an observation space the policy cannot read."""
-    return ValueError(f"observation space {_one_line(space)} is not supported; supported: {SUPPORTED}")
-
-
 def obs_spec(space: Any) -> ObsSpec:
     """The ObsSpec of a gymnasium observation space (after flatten_obs_space); ValueError with a one-line reason
     naming what is supported."""
@@ -96,9 +85,9 @@ def obs_spec(space: Any) -> ObsSpec:
         integers = np.issubdtype(space.dtype, np.integer) or space.dtype == np.bool_
         if not integers or not 0 < high <= 255:
             raise ValueError("image observations must be uint8 or bool with values in [0, 255], got "
-                             f"{_one_line(space)}")
+                             f"{one_line(space)}")
         return ObsSpec(tuple(int(n) for n in space.shape), scale=1.0 / high)
-    raise _unsupported_obs(space)
+    raise unsupported_obs(space)
 
 
 def action_spec(space: Any) -> ActionSpec:
@@ -113,70 +102,4 @@ def action_spec(space: Any) -> ActionSpec:
         return ActionSpec((len(space.nvec),), tuple(int(n) for n in space.nvec))
     if isinstance(space, gymnasium.spaces.MultiBinary) and len(space.shape) == 1:
         return ActionSpec((int(space.n),), (2,) * int(space.n))
-    raise ValueError(f"action space {_one_line(space)} is not supported; supported: {SUPPORTED}")
-
-
-def needs_flattening(space: Any) -> bool:
-    """Whether an observation space is a Dict or Tuple (of Boxes), which the env is wrapped to flatten."""
-    import gymnasium
-
-    return isinstance(space, (gymnasium.spaces.Dict, gymnasium.spaces.Tuple))
-
-
-# Namespaces whose package registers its envs on import (None), or only when asked (the function that does).
-_NAMESPACES = {"MinAtar": ("minatar.gym", "register_envs"), "ALE": ("ale_py", None)}
-
-
-def register_namespace(env_id: str) -> None:
-    """Register the envs of ``env_id``'s namespace when its package does not on import (MinAtar/...); ValueError
-    with a one-line reason when the package is not installed."""
-    import importlib
-
-    import gymnasium
-
-    namespace = env_id.rpartition(":")[2].partition("/")[0] if "/" in env_id else ""
-    if namespace not in _NAMESPACES or any(key.startswith(namespace + "/") for key in gymnasium.envs.registry):
-        return
-    module, register = _NAMESPACES[namespace]
-    try:
-        package = importlib.import_module(module)
-    except ImportError:
-        raise ValueError(f"{env_id} needs {module.partition('.')[0]}: pip install -e '.[pixels]' in this "
-                         "checkout") from None
-    if register is not None:
-        getattr(package, register)()
-
-
-FAMILY_NAMES = {"atari": "Atari"}
-"""env_family's names -> how --help names them."""
-
-
-def env_family(env_id: str) -> str | None:
-    """The family of envs ``env_id`` belongs to, whose defaults algos.registry keeps (its key in FAMILY_NAMES), or
-    None: "atari" for an ALE game, which make_env preprocesses as algos.atari says."""
-    from algos.atari import is_atari
-
-    return "atari" if is_atari(env_id) else None
-
-
-def make_env(env_id: str, **kwargs: Any) -> Any:
-    """gymnasium.make(env_id, **kwargs), its Dict or Tuple observations flattened into one float32 vector; an ALE
-    game preprocessed as algos.atari says."""
-    import gymnasium
-
-    from algos.atari import is_atari, make_atari
-
-    if is_atari(env_id):
-        return make_atari(env_id, **kwargs)
-    register_namespace(env_id)
-    env = gymnasium.make(env_id, **kwargs)
-    if needs_flattening(env.observation_space):
-        parts = env.observation_space.spaces
-        parts = parts.values() if isinstance(parts, dict) else parts
-        if not all(isinstance(part, gymnasium.spaces.Box) for part in parts):
-            raise _unsupported_obs(env.observation_space)
-        from algos.flatten import FlattenedObservation
-
-        env = FlattenedObservation(env)
-    return env
-
+    raise ValueError(f"action space {one_line(space)} is not supported; supported: {SUPPORTED}")

@@ -2,7 +2,7 @@
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
@@ -11,10 +11,10 @@ from algos.adam import FusedAdam
 from algos.learner_batch import LearnerBatch, batch_specs, prepare_batch, unrolled_calls, weight_for_policy_lag
 from algos.policy import ActorCritic
 from algos.registry import ALGORITHMS
-from mpi_util.stall import heartbeat
+from mpi_util import heartbeat
 
 if TYPE_CHECKING:
-    from trainer.config import TrainConfig
+    from collections.abc import Mapping
 
 
 _DEFAULTS = ALGORITHMS["trpo"].defaults  # train.py's options and this class share one set of defaults
@@ -231,11 +231,11 @@ class TRPO:
         return loss
 
 
-def from_config(ac: ActorCritic, config: "TrainConfig") -> TRPO:
+def from_config(ac: ActorCritic, settings: "Mapping[str, Any]") -> TRPO:
     """train.py's TRPO (algos.registry): --kl_targ (max_kl), --lr (vf_lr), --minibatch_size (vf_minibatch_size) and
-    --seed."""
-    return TRPO(ac, TRPOConfig(max_kl=config.kl_targ, vf_lr=config.lr, vf_minibatch_size=config.minibatch_size),
-                seed=config.seed)
+    --seed, by name in ``settings``."""
+    return TRPO(ac, TRPOConfig(max_kl=settings["kl_targ"], vf_lr=settings["lr"],
+                               vf_minibatch_size=settings["minibatch_size"]), seed=settings["seed"])
 
 
 def _flat(tensors: list[tf.Tensor]) -> tf.Tensor:

@@ -1,5 +1,5 @@
 """A CleanRL-style single-file PPO for Atari (torch), the peer peers.py measures on an ALE game, written after the
-shape of CleanRL's ppo_atari.py: train.py's Atari preprocessing (algos.atari), one Nature CNN torso under categorical
+shape of CleanRL's ppo_atari.py: train.py's Atari preprocessing (envs.atari), one Nature CNN torso under categorical
 policy and value heads, GAE, clipped surrogate and value losses, an entropy bonus; by default the PPO paper's Atari
 work (8 envs x 128 steps, 4 epochs of 256 rows), lr and clip range annealed linearly to 0 as rl-baselines3-zoo has
 them. As train.py's Atari rollout: rewards learned clipped to their sign (the returns reported are the game's score),
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.distributions.categorical import Categorical
 
-from algos.atari import make_atari
+from envs.atari import make_atari
 
 
 @dataclass
@@ -79,7 +79,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (B, H, W, C) uint8 frames, channels last as algos.atari stacks them -> (B, 512)."""
+        """x: (B, H, W, C) uint8 frames, channels last as envs.atari stacks them -> (B, 512)."""
         return self.network(x.permute(0, 3, 1, 2).float() / 255.0)
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:

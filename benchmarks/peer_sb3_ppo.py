@@ -56,7 +56,8 @@ def main() -> int:
             return True
 
     from algos.registry import ALGORITHMS, ENVS_IN_ALL
-    from algos.spaces import conv_layers, env_family, register_namespace
+    from algos.spaces import conv_layers
+    from envs.make import env_family, register_namespace
 
     register_namespace(args.env)
     atari = ALGORITHMS["ppo"].defaults_for(env_family(args.env))  # the generic settings where not Atari

@@ -34,9 +34,9 @@ from harness import (
     write_results,
 )
 
-from algos.atari import is_atari
 from algos.registry import ALGORITHMS, ENVS_IN_ALL
-from algos.spaces import env_family
+from envs.atari import is_atari
+from envs.make import env_family
 
 WORK_DEFAULTS = {"batch_size": 2048, "epochs": 10, "minibatch_size": 64, "lr": 3e-4}  # train.py's PPO defaults
 CLEANRL_ATARI_WORK = {"batch_size": "batch_steps", "epochs": "update_epochs", "minibatch_size": "minibatch_size",
@@ -100,7 +100,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def image_env(env_id: str) -> bool:
     """Whether train.py's policy reads ``env_id``'s observations as images (a CNN)."""
-    from algos.spaces import make_env, obs_spec
+    from algos.spaces import obs_spec
+    from envs.make import make_env
 
     env = make_env(env_id)
     try:
@@ -239,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"{os.cpu_count() or 1} cores, not one thread.")
     if is_atari(args.env) and "cleanrl" in args.systems:
         notes.append("CleanRL-style on an ALE game (peer_cleanrl_atari.py), not as above: train.py's Atari "
-                     "preprocessing (algos.atari), one Nature CNN torso under both heads, rewards learned clipped to "
+                     "preprocessing (envs.atari), one Nature CNN torso under both heads, rewards learned clipped to "
                      "their sign and a lost life ending the bootstrap (as train.py), no normalization; clip 0.1 and lr "
                      "both annealed linearly to 0, clipped value loss, entropy 0.01, no KL early stop.")
     jobs = jobs_of(args, rllib_ready)

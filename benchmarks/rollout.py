@@ -42,7 +42,7 @@ SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM
 
 def bare_loop(env_id: str, seed: int, steps: int, sample: bool) -> Callable[[], None]:
     """A prepared bare loop: each call runs the next ``steps`` env.step calls (episodes go on across calls)."""
-    from algos.spaces import make_env
+    from envs.make import make_env
 
     env = make_env(env_id)
     env.reset(seed=seed)
@@ -66,8 +66,9 @@ def rollout_loop(env_id: str, seed: int, steps: int, n_envs: int = 1
     import keras
 
     from algos import ActorCritic, RolloutWorker
-    from algos.atari import is_atari
-    from algos.spaces import action_spec, make_env, obs_spec
+    from algos.spaces import action_spec, obs_spec
+    from envs.atari import is_atari
+    from envs.make import make_env
 
     envs = [make_env(env_id) for _ in range(n_envs)]
     keras.utils.set_random_seed(seed)

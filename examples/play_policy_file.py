@@ -12,7 +12,7 @@ import gymnasium
 import numpy as np
 
 from algos.numpy_actor import NumpyActor
-from algos.spaces import make_env
+from envs.make import make_env
 
 actor, spec = NumpyActor.load(sys.argv[1])  # spec: the env id, spaces, network and normalizers, as JSON data
 env = make_env(spec["env_id"])  # an ALE game comes preprocessed as train.py trained it

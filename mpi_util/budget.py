@@ -13,7 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .process import COMM_WORLD
-from .shm import all_on_one_host, free_shared, shared_int64
+from .shm import all_on_one_host, shared_int64
 
 
 class SharedBudget:
@@ -67,7 +67,3 @@ class SharedBudget:
         self._operand[0] = 0
         self.window.Fetch_and_op(self._operand, self._result, 0, 0, MPI.REPLACE)
         self.window.Flush(0)
-
-    def free(self) -> None:
-        """Release the shared window (collective over the communicator)."""
-        free_shared(self.window)

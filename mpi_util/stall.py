@@ -484,7 +484,7 @@ def heartbeat() -> None:
     board = w.board
     if board is not None:
         now_ns = time.monotonic_ns()
-        board.row[3] = now_ns
+        board.row[_ArrivalBoard.HEARTBEAT] = now_ns
         if w.sends_far_progress and now_ns >= w.next_far_send * 1e9:
             w.send_far_progress(now_ns / 1e9)
 

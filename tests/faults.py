@@ -73,7 +73,7 @@ from typing import Any
 import numpy as np
 
 import trainer.checkpoint as CHECKPOINT
-from trainer.env_state import restore_env
+from envs.snapshot import restore_env
 from trainer.versions import stack_versions
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from algos.policy import ActorCritic
-    from trainer.config import TrainConfig
 
 
 class ObsNormOnly:
@@ -48,6 +49,6 @@ class ObsNormOnly:
         self.rng.bit_generator.state = state
 
 
-def from_config(ac: ActorCritic, config: TrainConfig) -> ObsNormOnly:
+def from_config(ac: ActorCritic, settings: Mapping[str, Any]) -> ObsNormOnly:
     """The builder the registry line names: reads --lr and --seed."""
-    return ObsNormOnly(ac, config.lr, config.seed)
+    return ObsNormOnly(ac, settings["lr"], settings["seed"])

@@ -4,7 +4,7 @@
 import gymnasium
 import numpy as np
 
-from trainer.env_state import restore_env, snapshot_env
+from envs.snapshot import restore_env, snapshot_env
 
 
 def run(env: gymnasium.Env, actions: np.ndarray) -> np.ndarray:

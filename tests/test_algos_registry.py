@@ -21,7 +21,8 @@ from conftest import REPO, run_bounded
 from algos.policy import ActorCritic
 from algos.registry import ALGORITHMS, Algorithm
 from algos.rollout import RolloutWorker
-from algos.spaces import make_env, obs_spec
+from algos.spaces import obs_spec
+from envs.make import make_env
 from trainer.config import TrainConfig
 from trainer.resume import as_numpy
 
@@ -75,7 +76,7 @@ def build(name: str, seed: int, env_id: str = "CartPole-v1") -> tuple[ActorCriti
     config = TrainConfig(env_id=env_id, algo=name, seed=seed, **ALGORITHMS[name].defaults)
     env = make_env(env_id)
     ac = ActorCritic(obs_spec(env.observation_space), env.action_space, hidden=config.hidden)
-    return ac, ALGORITHMS[name].build(ac, config)
+    return ac, ALGORITHMS[name].build(ac, {key: getattr(config, key) for key in (*ALGORITHMS[name].defaults, "seed")})
 
 
 def learn(algo: Algorithm, batch: dict[str, np.ndarray]) -> dict[str, float]:

@@ -19,7 +19,8 @@ from test_train import TRAIN, progress, reproducible_part, train
 
 from algos.numpy_actor import NumpyActor, actor_critic_state_like
 from algos.rollout import RolloutWorker
-from algos.spaces import action_spec, make_env, obs_spec
+from algos.spaces import action_spec, obs_spec
+from envs.make import make_env
 from mpi_util import cpus_available
 from trainer.checkpoint import load_latest_checkpoint
 
@@ -119,7 +120,7 @@ def random_actor(env: gymnasium.Env, seed: int = 0) -> NumpyActor:
 
 
 def test_atari_is_preprocessed_and_its_snapshot_continues_exactly():
-    from trainer.env_state import restore_env
+    from envs.snapshot import restore_env
 
     env = make_env(ATARI)
     assert obs_spec(env.observation_space).shape == (84, 84, 4) and env.observation_space.dtype == np.uint8
@@ -130,8 +131,8 @@ def test_atari_is_preprocessed_and_its_snapshot_continues_exactly():
     code = """
 import pickle, sys
 import numpy as np
-from algos.spaces import make_env
-from trainer.env_state import snapshot_env
+from envs.make import make_env
+from envs.snapshot import snapshot_env
 env, rng, runs = make_env("ALE/Pong-v5"), np.random.default_rng(0), []
 for seed in range(8):
     env.reset(seed=seed)

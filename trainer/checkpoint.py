@@ -7,7 +7,7 @@ own ``a0``, ``a1``, ... Reading one runs no code: the arrays are read with ``all
 compressed one, so a received file cannot unpack to more than its size), and the zip's comment holds the SHA-256 of
 every entry, so a truncated or corrupted file is told apart from a good one.
 
-The one part that needs pickle is an environment's snapshot (trainer.env_state), for a resume without a seam. It is
+The one part that needs pickle is an environment's snapshot (envs.snapshot), for a resume without a seam. It is
 kept as opaque bytes (``p0``, ``p1``, ...) with an HMAC-SHA256 under the user's own key (``user_key``), and only
 ``--resume`` unpickles it, after rank 0 has checked the HMAC (SignedPickle.verified). ``--play`` and ``--export``
 read the arrays and never unpickle.

@@ -106,8 +106,9 @@ class TrainConfig:
     wandb_project: str = setting("mpi-batch-rl", "with --track: the W&B project")
     wandb_entity: str | None = setting(None, "with --track: the W&B entity (user or team); W&B's own default when "
                                              "not given")
-    config_version: int = 2
-    """Layout of config.json: 1 before lr applied to TRPO (whose value function then always learned at 1e-3)."""
+    config_version: int = 3
+    """Layout of config.json: 3 since version 0.2, whose checkpoints are arrays and JSON (runs of earlier layouts
+    hold only pickled checkpoints, which --resume and --play do not read)."""
 
 
 def option_fields() -> list[Field]:
@@ -130,7 +131,7 @@ def resolve_env_id(name: str) -> str:
 
     import gymnasium
 
-    from algos.spaces import register_namespace
+    from envs.make import register_namespace
 
     register_namespace(name)
     module, _, env_name = name.rpartition(":")
@@ -168,7 +169,8 @@ def check_named_module(saved_env_id: str, named: str | None, option: str, run_di
 def check_env_spaces(env_id: str) -> None:
     """ValueError with a one-line reason when train.py's policies cannot read the env's observations or produce its
     actions (algos.spaces says what they can)."""
-    from algos.spaces import action_spec, make_env, obs_spec
+    from algos.spaces import action_spec, obs_spec
+    from envs.make import make_env
 
     try:
         env = make_env(env_id)  # flattens a Dict or Tuple of Boxes, refuses one of other spaces
@@ -182,8 +184,8 @@ def check_env_spaces(env_id: str) -> None:
 
 
 def load_saved_config(run_dir: Path) -> dict:
-    """RUN_DIR/config.json as TrainConfig's keyword arguments, with the values older runs implied for fields
-    they lack; ValueError with a one-line reason when it is not a run's configuration."""
+    """RUN_DIR/config.json as TrainConfig's keyword arguments (a field it lacks, one added since the run began,
+    takes TrainConfig's default); ValueError with a one-line reason when it is not a run's configuration."""
     path = run_dir / "config.json"
     try:
         saved = json.loads(path.read_text())
@@ -196,19 +198,6 @@ def load_saved_config(run_dir: Path) -> dict:
     # config.json also records the job (CPUs, threads): only TrainConfig's fields define the run.
     saved = {name: value for name, value in saved.items() if name in {f.name for f in fields(TrainConfig)}}
     saved["hidden"] = tuple(saved["hidden"])
-    saved.setdefault("lr_schedule", "constant")  # runs from before the schedule existed had a constant lr
-    saved.setdefault("envs_per_rank", 1)
-    saved.setdefault("batch_split", "even")
-    saved.setdefault("policy_lag", 0)
-    # Runs from before the algorithm's defaults were recorded, or before these settings were options (PPO's clip,
-    # entropy and value coefficients were then the generic defaults for every env).
-    for name, default in ALGORITHMS[saved["algo"]].defaults.items():
-        if saved.get(name) is None:
-            saved[name] = default
-    if saved.get("config_version", 1) < 2:
-        if saved["algo"] == "trpo":
-            saved["lr"] = 1e-3  # what TRPO's value function used, whatever lr said
-        saved["config_version"] = 2
     return saved
 
 
@@ -310,7 +299,7 @@ def fill_algorithm_defaults(config: TrainConfig, given: dict) -> None:
     """The defaults of the algorithm for the env's family (algos.registry) of the settings the user did not give: the
     settings the algorithm reads, and the family's batch size and envs per process (from its envs in all and
     config.nprocs); ValueError with a one-line reason for a given setting that only other algorithms read."""
-    from algos.spaces import env_family
+    from envs.make import env_family
 
     if config.algo not in ALGORITHMS:
         return  # check_config says so

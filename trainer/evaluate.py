@@ -58,7 +58,7 @@ class Evaluator:
     def evaluate(self, actor: NumpyActor) -> np.ndarray | None:
         """Collective: every rank plays its episodes; rank 0 gets the K returns (K,) in episode order, the others
         None."""
-        from algos.spaces import make_env
+        from envs.make import make_env
 
         if self.env is None:
             self.env = make_env(self.config.env_id)

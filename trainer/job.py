@@ -71,9 +71,9 @@ def job_resources() -> dict:
 def make_rollout_worker(config: TrainConfig, rank: int, seed_path: tuple[int, ...]) -> tuple:
     """This rank's RolloutWorker (its envs, seeded from the base seed) and its action RNG. seed_path () gives the
     run's first worker; (2, iteration) a fresh one for a resume with another --nprocs."""
-    from algos.atari import is_atari
     from algos.rollout import RolloutWorker
-    from algos.spaces import make_env
+    from envs.atari import is_atari
+    from envs.make import make_env
 
     envs = [make_env(config.env_id) for _ in range(config.envs_per_rank)]
     if seed_path:

@@ -60,7 +60,8 @@ class Learner:
         self.versions = {**stack_versions(), **{name: str(value) for name, value in self.threads.items()}}
         self.ac = ActorCritic(obs, action, hidden=config.hidden, shared_torso=shares_torso(config.algo, obs.is_image))
         self.spec = ALGORITHMS[config.algo]
-        self.algo: Algorithm = self.spec.build(self.ac, config)
+        self.algo: Algorithm = self.spec.build(self.ac, {name: getattr(config, name)
+                                                         for name in (*self.spec.defaults, "seed")})
         self.pending: tuple | None = None  # (batch, episodes, behavior_logp) gathered, not yet learned from
         self.logger = None
         self._lock: RunDirLock | None = None  # the run directory's lock, held while this process lives

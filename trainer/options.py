@@ -38,9 +38,9 @@ def _shown(value: object) -> str:
 
 
 def family_defaults_text(defaults: dict[str, dict], generic: object, name: str) -> str:
-    """', Atari X' for each family (algos.spaces.FAMILY_NAMES) whose defaults (family -> settings, as
+    """', Atari X' for each family (envs.make.FAMILY_NAMES) whose defaults (family -> settings, as
     AlgorithmSpec.families holds them) give setting ``name`` a value other than ``generic``."""
-    from algos.spaces import FAMILY_NAMES
+    from envs.make import FAMILY_NAMES
 
     shown = []
     for family, settings in defaults.items():

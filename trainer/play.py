@@ -175,7 +175,7 @@ class PlayError(Exception):
 def make_env(config: dict, video_path: str | None) -> Any:
     """The run's env, reset once, rendering offscreen when a video is recorded (its first frame is rendered here,
     so that a renderer that cannot start fails before any episode is played). PlayError says what went wrong."""
-    from algos.spaces import make_env as make_flat_env
+    from envs.make import make_env as make_flat_env
 
     env_id = config["env_id"]
     render_mode = "rgb_array" if video_path else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -29,7 +29,19 @@ from trainer.checkpoint import (
 if TYPE_CHECKING:
     from algos.rollout import RolloutWorker
     from trainer.counters import Counters
-    from trainer.learner import Learner
+
+
+class Learner(Protocol):
+    """What a checkpoint needs of rank 0's learner (trainer.learner.Learner, which imports this module)."""
+
+    def checkpoint_state(self) -> dict:
+        """The learner's part of a checkpoint: arrays and plain data."""
+
+    def restore_state(self, state: dict, name: str, counters: Counters) -> None:
+        """Take back what checkpoint_state() kept, from the checkpoint file ``name``."""
+
+    def checkpoint_key(self) -> bytes | None:
+        """The user's key that signs the environments' snapshots, or None."""
 
 
 def restore(run_dir: Path, learner: Learner | None, counters: Counters, worker: RolloutWorker,
@@ -39,7 +51,7 @@ def restore(run_dir: Path, learner: Learner | None, counters: Counters, worker: 
     the environments' snapshots are not signed with this user's key, fresh episodes from fresh_worker(seed_path),
     which returns (worker, action_rng) as make_rollout_worker does. Returns (worker, action_rng, training seconds
     before this run)."""
-    from trainer.env_state import restore_env
+    from envs.snapshot import restore_env
 
     rank, nprocs = mpi_util.rank, mpi_util.nworkers
     per_rank_state, elapsed_before = None, 0.0
@@ -84,7 +96,7 @@ def checkpoint(run_dir: Path, learner: Learner | None, counters: Counters, worke
                action_rng: np.random.Generator, nprocs: int, elapsed_s: float) -> None:
     """Every rank's episode state and RNG go to rank 0 (small pickles), which signs the environments' snapshots and
     writes one file with the learner."""
-    from trainer.env_state import snapshot_env
+    from envs.snapshot import snapshot_env
 
     mine = {"envs": [snapshot_env(env) for env in worker.envs], "episode": worker.episode_state(),
             "action_rng": action_rng.bit_generator.state}

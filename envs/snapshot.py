@@ -18,14 +18,12 @@ import zlib
 import gymnasium
 import numpy as np
 
+from envs.atari import is_atari
+
 
 def _is_mujoco(env: gymnasium.Env) -> bool:
     inner = env.unwrapped
     return hasattr(inner, "model") and hasattr(inner, "data") and type(inner.data).__module__.startswith("mujoco")
-
-
-def _is_atari(env: gymnasium.Env) -> bool:
-    return type(env.unwrapped).__module__.startswith("ale_py")
 
 
 def snapshot_env(env: gymnasium.Env) -> bytes:
@@ -34,7 +32,7 @@ def snapshot_env(env: gymnasium.Env) -> bytes:
     inner = env.unwrapped
     if _is_mujoco(env):
         extra = {"mjdata": inner.data, "np_random": inner.np_random.bit_generator.state}
-    elif _is_atari(env):
+    elif env.spec is not None and is_atari(env.spec.id):
         extra = {"ale_state": inner.clone_state(include_rng=True), "np_random": inner.np_random.bit_generator.state}
     # Level 1: a 20x smaller checkpoint for 1.5 ms per env; higher levels gain little more for twice the time.
     # "mujoco" names the simulator's part whichever simulator it is (the key older checkpoints hold).

@@ -1,0 +1,90 @@
+"""Making an env as training, evaluation and --play all get it: gymnasium.make, with its namespace's package
+registered when needed, Dict and Tuple observations flattened (envs.flatten), an ALE game preprocessed (envs.atari);
+and the family of an env id, whose defaults algos.registry keeps.
+
+Imports gymnasium in the functions that need it: the launcher checks an env id before any rank starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SUPPORTED = ("observations: a Box of one dimension (a vector) or three (an image, height x width x channels), or a "
+             "Dict or Tuple of Boxes (flattened into a vector); actions: Box of one dimension, Discrete, "
+             "MultiDiscrete of one dimension, or MultiBinary of one dimension")
+
+
+def one_line(space: Any) -> str:
+    """A space as one line (numpy prints a 2-D array over several)."""
+    return " ".join(str(space).split())
+
+
+def unsupported_obs(space: Any) -> ValueError:
+    """The one-line error for an observation space the policy cannot read."""
+    return ValueError(f"observation space {one_line(space)} is not supported; supported: {SUPPORTED}")
+
+
+def needs_flattening(space: Any) -> bool:
+    """Whether an observation space is a Dict or Tuple (of Boxes), which the env is wrapped to flatten."""
+    import gymnasium
+
+    return isinstance(space, (gymnasium.spaces.Dict, gymnasium.spaces.Tuple))
+
+
+# Namespaces whose package registers its envs on import (None), or only when asked (the function that does).
+_NAMESPACES = {"MinAtar": ("minatar.gym", "register_envs"), "ALE": ("ale_py", None)}
+
+
+def register_namespace(env_id: str) -> None:
+    """Register the envs of ``env_id``'s namespace when its package does not on import (MinAtar/...); ValueError
+    with a one-line reason when the package is not installed."""
+    import importlib
+
+    import gymnasium
+
+    namespace = env_id.rpartition(":")[2].partition("/")[0] if "/" in env_id else ""
+    if namespace not in _NAMESPACES or any(key.startswith(namespace + "/") for key in gymnasium.envs.registry):
+        return
+    module, register = _NAMESPACES[namespace]
+    try:
+        package = importlib.import_module(module)
+    except ImportError:
+        raise ValueError(f"{env_id} needs {module.partition('.')[0]}: pip install -e '.[pixels]' in this "
+                         "checkout") from None
+    if register is not None:
+        getattr(package, register)()
+
+
+FAMILY_NAMES = {"atari": "Atari"}
+"""env_family's names -> how --help names them."""
+
+
+def env_family(env_id: str) -> str | None:
+    """The family of envs ``env_id`` belongs to, whose defaults algos.registry keeps (its key in FAMILY_NAMES), or
+    None: "atari" for an ALE game, which make_env preprocesses as envs.atari says."""
+    from envs.atari import is_atari
+
+    return "atari" if is_atari(env_id) else None
+
+
+def make_env(env_id: str, **kwargs: Any) -> Any:
+    """gymnasium.make(env_id, **kwargs), its Dict or Tuple observations flattened into one float32 vector; an ALE
+    game preprocessed as envs.atari says."""
+    import gymnasium
+
+    from envs.atari import is_atari, make_atari
+
+    if is_atari(env_id):
+        return make_atari(env_id, **kwargs)
+    register_namespace(env_id)
+    env = gymnasium.make(env_id, **kwargs)
+    if needs_flattening(env.observation_space):
+        parts = env.observation_space.spaces
+        parts = parts.values() if isinstance(parts, dict) else parts
+        if not all(isinstance(part, gymnasium.spaces.Box) for part in parts):
+            raise unsupported_obs(env.observation_space)
+        from envs.flatten import FlattenedObservation
+
+        env = FlattenedObservation(env)
+    return env
+
