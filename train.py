@@ -166,7 +166,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     my_steps, budget = share_of_batch(config, rank, nprocs)
     started = time.monotonic()
     checkpointed = counters.iteration  # the iteration of the newest checkpoint (a resumed run's, or none yet)
-    evaluator, evaluated = Evaluator(config), counters.iteration  # a checkpoint's iteration was evaluated before it
+    evaluator = Evaluator(config, evaluated=counters.iteration)  # a checkpoint's iteration was evaluated before it
     try:
         while not counters.stop:
             t0 = time.monotonic()
@@ -194,12 +194,8 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
             mpi_util.rank0_bcast_wts(learner_state)
             t5 = time.monotonic()
             sync_ok = check_sync(learner_state, counters) if config.check_sync else math.nan
-            eval_actor, eval_returns = None, None
-            if evaluator.due(counters.iteration) and counters.iteration != evaluated:  # with the weights just sent
-                eval_actor = NumpyActor.from_ac_state([as_numpy(v) for v in actor_state], config.hidden, worker.obs,
-                                                      worker.action, shared_torso)
-                eval_returns = evaluator.evaluate(eval_actor)
-                evaluated = counters.iteration
+            eval_actor, eval_returns = evaluator.after_broadcast(counters.iteration, lambda: NumpyActor.from_ac_state(
+                [as_numpy(v) for v in actor_state], config.hidden, worker.obs, worker.action, shared_torso))
             t6 = time.monotonic()
             if episodes is not None:
                 timings = {"t_rollout": t2 - t1, "t_gather": t3 - t2, "t_update": (t1 - t0) + (t4 - t3),

@@ -14,6 +14,7 @@ from types import FrameType
 from typing import Any
 
 from .children import FORKED_MARKER, LAUNCHER_VARIABLES, in_child_of_rank
+from .gpu import check_gpu_pct
 from .process import COMM_WORLD, install_abort_on_exception, mpi_library_is_open_mpi, settle_local_rank
 from .supervise import (
     JOB_DIR_VARIABLE,
@@ -280,8 +281,10 @@ def _check_fork_arguments(n: int, gpu_pct: float, mpiexec_args: Sequence[str], m
         raise TypeError(f"mpi_fork: number of processes must be an integer, got {n!r}")
     if n < 1:
         raise ValueError(f"mpi_fork: number of processes must be at least 1, got {n}")
-    if not 0.0 <= float(gpu_pct) <= 1.0:
-        raise ValueError(f"mpi_fork: gpu_pct must be in [0, 1] (a fraction of GPU memory), got {gpu_pct}")
+    try:
+        check_gpu_pct(gpu_pct)
+    except ValueError as error:
+        raise ValueError(f"mpi_fork: {error}") from None
     if isinstance(mpiexec_args, str):
         raise TypeError("mpi_fork: mpiexec_args must be a list of arguments (shlex.split a string first)")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:

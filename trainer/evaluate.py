@@ -11,6 +11,7 @@ reads, so a run continues bit for bit with or without it, and a resumed run eval
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,12 +49,21 @@ def run_episode(env: Any, actor: NumpyActor, seed: int, on_step: Any = None) -> 
 class Evaluator:
     """This rank's part of the evaluation (rank 0's learner keeps the best policy)."""
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: TrainConfig, evaluated: int) -> None:
         self.config = config
+        self.evaluated = evaluated  # the iteration last evaluated (a resumed run's checkpoint was, if due)
         self.env: Any = None  # made at the first evaluation: most iterations need none
 
-    def due(self, iteration: int) -> bool:
-        return bool(self.config.eval_every) and iteration % self.config.eval_every == 0
+    def after_broadcast(self, iteration: int, actor: Callable[[], NumpyActor]) -> tuple[Any, np.ndarray | None]:
+        """Collective: when ``iteration`` is due (every --eval_every, once each), evaluate the policy ``actor()``
+        builds from the weights just broadcast; (that policy, rank 0's returns (K,)), or (None, None) when not due
+        or on the other ranks."""
+        every = self.config.eval_every
+        if not every or iteration % every or iteration == self.evaluated:
+            return None, None
+        self.evaluated = iteration
+        policy = actor()
+        return policy, self.evaluate(policy)
 
     def evaluate(self, actor: NumpyActor) -> np.ndarray | None:
         """Collective: every rank plays its episodes; rank 0 gets the K returns (K,) in episode order, the others
