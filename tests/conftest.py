@@ -71,3 +71,14 @@ def mpiexec(nprocs: int, script: str, *args: str, timeout: float = 90, env: dict
 @pytest.fixture
 def run_mpi():
     return mpiexec
+
+
+# Modules whose tests take minutes, mostly waiting (a real Slurm's requeues, two namespace hosts, stall limits, the
+# trained runs one worker shares): collected first, in this order, so that pytest-xdist hands them out at the start
+# and the other worker runs the short tests meanwhile, instead of one worker running them alone at the end.
+STARTED_FIRST = ("test_slurm.py", "test_train.py", "test_multihost.py", "test_nothing_lost.py", "test_reliability.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    first = {name: index for index, name in enumerate(STARTED_FIRST)}
+    items.sort(key=lambda item: first.get(item.path.name, len(STARTED_FIRST)))  # stable: the rest keep their order

@@ -253,9 +253,9 @@ FIGURES = [
      ["| 2 + 2 hosts | 3,792 | 0.0459 | 0.0071 |"]),
     ("clusters.md", "all passing on 2026-11-24", "slurm/run.txt",
      ["== summary (2026-11-24", "PASS: all 5 Slurm checks that ran (skipped: 0)"]),
-    ("clusters.md", "stopped after iteration 3, resumed there, every iteration once; 92 s in all", "slurm/preempt.txt",
-     ["(92 s) job 55724736 preempted by job 55724737, ran 2 times, stopped after iterations [3] and resumed there, "
-      "COMPLETED 0:0, 8 rows (iterations 1..8)"]),
+    ("clusters.md", "stopped after iteration 3 of 5, resumed there, every iteration once; 80 s in all",
+     "slurm/preempt.txt", ["(80 s) job 55727542 preempted by job 55727543, ran 2 times, stopped after iterations [3] "
+                           "and resumed there, COMPLETED 0:0, 5 rows (iterations 1..5)"]),
     ("clusters.md", "stopped after iteration 5 of 14, requeued, resumed there; 113 s in all", "slurm/requeue.txt",
      ["(113 s) job 55675364 ran 2 times, stopped after iterations [5] and resumed there, COMPLETED 0:0, 14 rows"]),
     ("sb3.md", "| plain script, 1 env | 557 | 1.00x | 880 |", "sb3_mpi/results.md",
