@@ -285,7 +285,7 @@ FIGURES = [
       "| Walker2d-v5 | PPO | 2 | 10 | 0 1 2 3 4 5 6 7 8 9 | 1,001,472 | 4,567 ± 514 | 3,778 ± 832 |"]),
     ("../README.md", "| 1,001,472 | 143 s | 7,003 | 3,475 (the 26 episodes", "walker2d_8procs/command.txt",
      ["143 s of training (1,001,472 steps, 7,003 steps/s)", "mean return 3,475 over the 26 episodes"]),
-    ("../README.md", "gave 5,682 steps/s at `--nprocs 8` instead of 12,839", "scaling_2026-11-26/results.md",
+    ("../README.md", "gave 5,682 steps/s at `--nprocs 8`, not the 12,839", "scaling_2026-11-26/results.md",
      ["| 8 | 5,682 | nan |"]),
     ("../README.md", "| 1 | 7,433 | 546 | | 2 | 13,034 | 1,040 | | 8 | 12,839 | 2,484 (at 9, its peak) |",
      "scaling_2026-11-25/results.md", ["| 1 | 7,433 | 313.1 | 546 |", "| 2 | 13,034 | 337.0 | 1,040 |",
