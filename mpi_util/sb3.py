@@ -190,16 +190,17 @@ def _fill_buffer(buffer: Any, rows: dict[str, np.ndarray], env_axes: Mapping[str
     buffer.full = True
 
 
-def _rank0_buffer(local_buffer: Any, total_envs: int) -> Any:
-    """An empty buffer like ``local_buffer`` for every rank's envs: a copy (whatever its constructor takes) with
-    n_envs, and a recurrent buffer's LSTM state shape (n_steps, n_layers, n_envs, hidden_size), set to total_envs."""
-    buffer = copy.copy(local_buffer)
-    buffer.n_envs = total_envs
-    if hasattr(buffer, "hidden_state_shape"):
-        n_steps, n_layers, _, hidden_size = buffer.hidden_state_shape
-        buffer.hidden_state_shape = (n_steps, n_layers, total_envs, hidden_size)
-    buffer.reset()  # new arrays of the new size, none shared with local_buffer
-    return buffer
+def _resized_buffer(buffer: Any, n_steps: int, n_envs: int) -> Any:
+    """An empty buffer like ``buffer`` for ``n_steps`` steps of ``n_envs`` envs: a copy (whatever its constructor
+    takes) with buffer_size, n_envs and a recurrent buffer's LSTM state shape (n_steps, n_layers, n_envs, hidden_size)
+    set to them. Rank 0's buffer holds every rank's envs; split_n_steps gives each rank fewer steps."""
+    resized = copy.copy(buffer)
+    resized.buffer_size, resized.n_envs = n_steps, n_envs
+    if hasattr(resized, "hidden_state_shape"):
+        _, n_layers, _, hidden_size = resized.hidden_state_shape
+        resized.hidden_state_shape = (n_steps, n_layers, n_envs, hidden_size)
+    resized.reset()  # new arrays of the new size, none shared with ``buffer``
+    return resized
 
 
 def _parallel_class(sb3_class: type) -> type:
@@ -557,12 +558,7 @@ def _split_n_steps(model: Any, nranks: int) -> None:
                          f"ranks; build the model with an n_steps that is a multiple of {nranks}, or leave "
                          "split_n_steps off")
     model.n_steps //= nranks
-    buffer = copy.copy(model.rollout_buffer)
-    buffer.buffer_size = model.n_steps
-    if hasattr(buffer, "hidden_state_shape"):
-        buffer.hidden_state_shape = (model.n_steps, *buffer.hidden_state_shape[1:])
-    buffer.reset()  # new arrays of the new size
-    model.rollout_buffer = buffer
+    model.rollout_buffer = _resized_buffer(model.rollout_buffer, model.n_steps, model.rollout_buffer.n_envs)
 
 
 def _prepare_rank(model: Any, rank: int, env_axes: Mapping[str, int], split_over: int) -> tuple[int, dict[str, int]]:
@@ -604,7 +600,7 @@ def _batch_line(name: str, n_steps: int, n_steps_built: int, total_envs: int, ra
     if n_steps != n_steps_built:
         return line + f" (n_steps {n_steps_built} split over the ranks: the batch the model was built for)"
     if nranks > 1:
-        return line + (f", {n_steps * total_envs / (n_steps * rank0_envs):g}x one process's {n_steps * rank0_envs:,}; "
+        return line + (f", {total_envs / rank0_envs:g}x one process's {n_steps * rank0_envs:,}; "
                        "parallelize(model, split_n_steps=True) keeps the model's batch instead")
     return line
 
@@ -684,7 +680,8 @@ def parallelize(model: Model, comm: MPI.Comm | None = None, env_axes: Mapping[st
         if cls not in _PARALLEL_CLASSES:
             _PARALLEL_CLASSES[cls] = _ars_parallel_class(cls) if ars else _parallel_class(cls)
         if comm.Get_rank() == 0 and not ars:
-            model.rollout_buffer = _rank0_buffer(local_buffer, total_envs)  # type: ignore[attr-defined]
+            model.rollout_buffer = _resized_buffer(  # type: ignore[attr-defined]
+                local_buffer, local_buffer.buffer_size, total_envs)
         failure = None
     except Exception as error:
         failure = error

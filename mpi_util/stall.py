@@ -330,22 +330,15 @@ class StallWatch:
                 self.send_far_progress(now)
 
     def _allowed_s(self, suspect: _Suspect, warm_up: bool) -> float:
-        """Seconds of silence ``suspect`` is allowed in this wait: the limits that meet here, from the widest.
+        """Seconds of silence ``suspect`` is allowed in this wait (silence as _suspects measures it: since the rank's
+        last heartbeat or collective, or since the wait began for a rank this one cannot see).
 
-        - No limit (0, or MPI_UTIL_STALL_TIMEOUT=0): never blamed; only a deadline (a stop request) ends the wait.
-        - The progress limit: a number given, or "auto", which is AUTO_FLOOR_S or AUTO_FACTOR times the longest
-          silence seen so far, whichever is more. wait_until feeds that longest silence only from waits past a
-          collective's first AUTO_WARMUP_CALLS calls (warm_up), so the first iterations' compiling and start-up
-          never raise the limit for the rest of the run.
-        - During warm-up two suspects get more: a rank whose signs of life this rank cannot see (blind: on another
-          host, or a wait that cannot name who is late) gets at least AUTO_BLIND_WARMUP_S under "auto", since its
-          start-up cannot be told from a hang; and a rank that has not yet called heartbeat() (no ticks) gets at
-          least the start-up allowance (startup_s, MPI_UTIL_STALL_STARTUP), for imports, building a model and
-          compiling before the first step.
-        - Otherwise (past warm-up, or a rank that has ticked) the progress limit, against the silence _suspects
-          measured: since the rank's last heartbeat or collective, or since the wait began for a rank it cannot
-          see.
-        """
+        No limit (0): never blamed; only a deadline (a stop request) ends the wait. Otherwise the progress limit: the
+        number given, or "auto", the more of AUTO_FLOOR_S and AUTO_FACTOR x the longest silence seen, which
+        wait_until learns only past a collective's first AUTO_WARMUP_CALLS calls, so that start-up and compiling never
+        raise it. During those calls (warm_up) a blind suspect (another host, or a wait that cannot name who is late)
+        gets at least AUTO_BLIND_WARMUP_S under "auto", its start-up not being told from a hang, and a rank that has
+        not yet called heartbeat() at least the start-up allowance (startup_s, MPI_UTIL_STALL_STARTUP)."""
         if self.limit is None:
             return math.inf
         if self.limit == "auto":

@@ -81,10 +81,11 @@ class Evaluator:
         return np.array([total for _, total in sorted(pair for part in gathered for pair in part)])
 
 
-def save_best_policy(run_dir: Path, actor: NumpyActor, about: dict[str, Any]) -> None:
-    """Write ``actor`` as RUN_DIR/best_policy.npz (atomically), ``about`` (JSON data) in its spec."""
+def write_policy_file(path: Path, actor: NumpyActor, about: dict[str, Any]) -> None:
+    """Write ``actor`` as the policy file ``path`` (NumpyActor.save's arrays and JSON, ``about`` in its spec),
+    atomically: --export's file and the best policy of the evaluations alike."""
     from trainer.checkpoint import write_atomic
 
     buffer = io.BytesIO()
     actor.save(buffer, about)
-    write_atomic(run_dir / BEST_POLICY, buffer.getvalue())
+    write_atomic(path, buffer.getvalue())

@@ -19,7 +19,7 @@ from algos.spaces import ActionSpec, ObsSpec, network_kind
 from trainer.checkpoint import remove_temporary_files, write_atomic
 from trainer.config import TrainConfig
 from trainer.counters import Counters
-from trainer.evaluate import BEST_POLICY, save_best_policy
+from trainer.evaluate import BEST_POLICY, write_policy_file
 from trainer.kernels import rank0_tensorflow_kernels
 from trainer.resume import as_numpy
 from trainer.run_dir import RunDirLock, lock_run_dir
@@ -188,14 +188,12 @@ class Learner:
         if mean > self.eval_best:
             self.eval_best = mean
             try:
-                save_best_policy(self.run_dir, actor, {
+                write_policy_file(self.run_dir / BEST_POLICY, actor, {
                     "env_id": self.config.env_id, "algo": self.config.algo, "seed": self.config.seed,
                     "total_steps": counters.total_steps, "iteration": counters.iteration,
                     "eval_return_mean": mean, "eval_episodes": len(returns)})
             except OSError as error:
-                mpi_util.abort(f"train.py: error: cannot write {self.run_dir / BEST_POLICY}: {error.strerror}. "
-                               f"{self._kept_checkpoint_note()}: make the directory writable (or free space), then "
-                               f"continue with python train.py --resume {self.run_dir}")
+                self._abort_unwritable(f"{self.run_dir / BEST_POLICY}: {error.strerror}")
         return {"eval_return_mean": mean, "eval_return_std": float(returns.std())}
 
     def log(self, counters: Counters, episodes: dict, stats: dict[str, float], sync_ok: float,
@@ -220,9 +218,13 @@ class Learner:
         try:
             self.logger.log(row)
         except OSError as error:
-            mpi_util.abort(f"train.py: error: cannot write the logs in {self.run_dir}: {error}. "
-                           f"{self._kept_checkpoint_note()}: make the directory writable (or free space), then "
-                           f"continue with python train.py --resume {self.run_dir}")
+            self._abort_unwritable(f"the logs in {self.run_dir}: {error}")
+
+    def _abort_unwritable(self, what: str) -> None:
+        """End the job because ``what`` (a file or the logs, with the error) cannot be written, naming the checkpoint
+        to resume from."""
+        mpi_util.abort(f"train.py: error: cannot write {what}. {self._kept_checkpoint_note()}: make the directory "
+                       f"writable (or free space), then continue with python train.py --resume {self.run_dir}")
 
     def _start_tracking(self, record: dict) -> Any:
         """With --track, the Weights & Biases run of this run directory (resumed by its id when it exists), its

@@ -83,8 +83,9 @@ def export(run_dir: Path, path: Path, env_name: str | None = None) -> int:
     """train.py --export RUN_DIR FILE: the newest good checkpoint's policy as one file NumpyActor.load reads (arrays
     and a JSON spec, no pickle); 0 on success, 2 on bad input. Reads the checkpoint's arrays only (never its
     environments' snapshots). ``env_name`` as for play."""
-    from trainer.checkpoint import CheckpointError, load_latest_checkpoint, write_atomic
+    from trainer.checkpoint import CheckpointError, load_latest_checkpoint
     from trainer.config import check_named_module
+    from trainer.evaluate import write_policy_file
 
     if not (run_dir / "config.json").is_file():
         print(f"train.py: error: --export {run_dir}: not a run directory (no config.json)", file=sys.stderr)
@@ -102,11 +103,7 @@ def export(run_dir: Path, path: Path, env_name: str | None = None) -> int:
     about = {"env_id": config["env_id"], "algo": config["algo"], "seed": config["seed"],
              "total_steps": int(state["counters"][1]), "checkpoint": checkpoint.name}
     try:
-        import io
-
-        buffer = io.BytesIO()
-        actor.save(buffer, about)
-        write_atomic(path, buffer.getvalue())
+        write_policy_file(path, actor, about)
     except OSError as error:
         print(f"train.py: error: cannot write {path}: {error}", file=sys.stderr)
         return 2

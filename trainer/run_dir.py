@@ -192,17 +192,16 @@ def lock_run_dir(run_dir: Path, flock: Callable[[int, int], None] = fcntl.flock,
     if not flock_scope(run_dir):
         return RunDirLock(handle=handle)
     try:  # a job on another node may hold the same flock: the lock file says whether one does
-        owner_lock = _lock_with_owner_file(run_dir)
+        return _lock_with_owner_file(run_dir, handle)
     except BaseException:
         handle.close()
         raise
-    owner_lock._handle = handle
-    return owner_lock
 
 
-def _lock_with_owner_file(run_dir: Path) -> RunDirLock:
+def _lock_with_owner_file(run_dir: Path, handle: IO[str] | None = None) -> RunDirLock:
     """The lock as a file created with O_CREAT|O_EXCL (atomic on local filesystems, NFS v3+ and Lustre) that names
-    this process; a provably dead holder's file is taken over (see ``_holder_has_ended``)."""
+    this process, held with ``handle`` (a flocked file, where flock holds on this node only), if given; a provably
+    dead holder's file is taken over (see ``_holder_has_ended``)."""
     path = run_dir / OWNER_FILE
     me = _this_process()
     for _ in range(3):  # a retry after taking over a dead holder's file, or after its holder removed it meanwhile
@@ -221,7 +220,7 @@ def _lock_with_owner_file(run_dir: Path) -> RunDirLock:
             f.write(me)
             f.flush()
             os.fsync(f.fileno())
-        return RunDirLock(owner_file=path, owner=me)
+        return RunDirLock(handle=handle, owner_file=path, owner=me)
     raise RunDirInUseError(f"{run_dir} is in use by another training job (its lock file {path} keeps changing "
                            "hands); wait for it to end")
 
