@@ -48,6 +48,7 @@ class Args:
     max_grad_norm: float = 0.5
     target_kl: float = 0.0  # 0: no early stop, as the PPO paper's Atari runs
     torch_threads: int = os.cpu_count() or 1
+    device: str = "cpu"  # "cuda": the network, the batch and the update on the GPU, as CleanRL's --cuda
     json: str = ""
 
 
@@ -117,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.torch_threads)
+    device = torch.device(args.device)
 
     # SAME_STEP: a finished sub-env is reset inside the step that ended it (gymnasium 0.29's behaviour, which
     # CleanRL's loop assumes): every step is a real step, and the episode's statistics arrive in "final_info".
@@ -125,21 +127,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         [lambda: gym.wrappers.RecordEpisodeStatistics(make_atari(args.env_id)) for _ in range(args.num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs_shape = envs.single_observation_space.shape
-    agent = Agent(obs_shape, int(envs.single_action_space.n))
+    agent = Agent(obs_shape, int(envs.single_action_space.n)).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
     # Frames stay uint8 (a quarter of float32's bytes); the network scales them.
-    obs = torch.zeros((num_steps, args.num_envs, *obs_shape), dtype=torch.uint8)
-    actions = torch.zeros((num_steps, args.num_envs), dtype=torch.int64)
-    logprobs = torch.zeros((num_steps, args.num_envs))
-    rewards = torch.zeros((num_steps, args.num_envs))
-    dones = torch.zeros((num_steps, args.num_envs))
-    values = torch.zeros((num_steps, args.num_envs))
+    obs = torch.zeros((num_steps, args.num_envs, *obs_shape), dtype=torch.uint8, device=device)
+    actions = torch.zeros((num_steps, args.num_envs), dtype=torch.int64, device=device)
+    logprobs = torch.zeros((num_steps, args.num_envs), device=device)
+    rewards = torch.zeros((num_steps, args.num_envs), device=device)
+    dones = torch.zeros((num_steps, args.num_envs), device=device)
+    values = torch.zeros((num_steps, args.num_envs), device=device)
 
     global_step = 0
     next_obs_np, infos = envs.reset(seed=args.seed)
-    next_obs = torch.as_tensor(next_obs_np)
-    next_done = torch.zeros(args.num_envs)
+    next_obs = torch.as_tensor(next_obs_np, device=device)
+    next_done = torch.zeros(args.num_envs, device=device)
     lives = np.asarray(infos["lives"])
     iterations: list[dict[str, float | int | list[float]]] = []
     learn_started = time.perf_counter()
@@ -159,14 +161,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             values[step] = value.flatten()
             actions[step] = action
             logprobs[step] = logprob
-            next_obs_np, reward, terminations, truncations, infos = envs.step(action.numpy())
-            rewards[step] = torch.as_tensor(np.sign(reward), dtype=torch.float32)  # learned: the reward's sign
-            next_obs = torch.as_tensor(next_obs_np)
+            next_obs_np, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            # learned: the reward's sign
+            rewards[step] = torch.as_tensor(np.sign(reward), dtype=torch.float32, device=device)
+            next_obs = torch.as_tensor(next_obs_np, device=device)
             ended = np.logical_or(terminations, truncations)
             # A lost life ends the value bootstrap, the game goes on; a reset env's "lives" are its new game's.
             life_lost = (np.asarray(infos["lives"]) < lives) & ~ended
             lives = np.asarray(infos["lives"])
-            next_done = torch.as_tensor(ended | life_lost, dtype=torch.float32)
+            next_done = torch.as_tensor(ended | life_lost, dtype=torch.float32, device=device)
             if "final_info" in infos and "episode" in infos["final_info"]:
                 finished = infos["final_info"]["_episode"]
                 episode_returns.extend(float(r) for r in infos["final_info"]["episode"]["r"][finished])
@@ -176,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             nextvalues = torch.cat((values[1:], agent.get_value(next_obs).reshape(1, -1)))
             nextnonterminals = 1.0 - torch.cat((dones[1:], next_done[None]))  # 0 after an ended episode or life
             advantages = torch.zeros_like(rewards)
-            lastgaelam = torch.zeros(args.num_envs)
+            lastgaelam = torch.zeros(args.num_envs, device=device)
             for t in reversed(range(num_steps)):
                 nextnonterminal = nextnonterminals[t]
                 delta = rewards[t] + args.gamma * nextvalues[t] * nextnonterminal - values[t]
@@ -218,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 grad_steps += 1
             if args.target_kl and float(np.mean(approx_kls)) > 1.5 * args.target_kl:
                 break
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # the update's kernels finish inside its span
         t_end = time.perf_counter()
 
         record = {"steps": global_step, "t_rollout": t_rollout_end - t_start, "t_update": t_end - t_rollout_end,
@@ -234,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({
             "setup_s": learn_started - process_started, "iterations": iterations, "config": asdict(args),
             "torch_threads": torch.get_num_threads(),
+            "cuda_max_memory_reserved": torch.cuda.max_memory_reserved() if device.type == "cuda" else 0,
             "versions": {"torch": torch.__version__, "gymnasium": gym.__version__, "ale_py": version("ale-py")},
         }))
     return 0
