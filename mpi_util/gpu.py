@@ -15,11 +15,12 @@ from typing import Any
 from .process import launcher_local_rank, local_rank, print0
 
 
-def check_gpu_pct(gpu_pct: float) -> float:
+def check_gpu_pct(gpu_pct: float, name: str = "gpu_pct") -> float:
     """Check a GPU memory fraction (``--gpu_pct``, ``mpi_fork``'s ``gpu_pct``).
 
     Args:
         gpu_pct: a fraction of each GPU's memory per process, as a number or a string of one.
+        name: where it came from, for the error's message.
 
     Returns:
         gpu_pct as a float.
@@ -30,10 +31,10 @@ def check_gpu_pct(gpu_pct: float) -> float:
     try:
         value = float(gpu_pct)
     except (TypeError, ValueError):
-        raise ValueError(f"gpu_pct must be a number in [0, 1], got {gpu_pct!r}") from None
+        raise ValueError(f"{name} must be a number in [0, 1], got {gpu_pct!r}") from None
     if not 0.0 <= value <= 1.0:
         raise ValueError(
-            f"gpu_pct must be in [0, 1] (fraction of each GPU's memory per process, 0 = grow as needed), got {gpu_pct}"
+            f"{name} must be in [0, 1] (fraction of each GPU's memory per process, 0 = grow as needed), got {gpu_pct}"
         )
     return value
 

@@ -240,7 +240,13 @@ class StallWatch:
 
     def announce_departure(self) -> None:
         """At this process's exit: tell the ranks waiting for it the last collective it went through, so that a rank
-        waiting in a later one knows at once that it never comes."""
+        waiting in a later one knows at once that it never comes.
+
+        The collective a rank gave up in (a stall error, a departed rank) is not one it went through: it announces
+        the one before, so that the ranks still waiting in that collective are told it has left rather than wait out
+        its silence. Rank 0, when it gave up in the job's first collective because ranks had already ended, passes on
+        the first of their departures instead of its own, so that the ranks that hear of one hear of a rank that left
+        first."""
         if not MPI.Is_initialized() or MPI.Is_finalized():
             return
         # The last collective this rank went through: not one it gave up in (a stall error, another rank ended).
@@ -387,7 +393,20 @@ class StallWatch:
 
         late: the world ranks known not to have arrived (for ranks the board does not cover); note: what else the
         error should say about this wait; rank0_judges: rank 0 is in this collective and judges every rank by its
-        progress, so this rank blames none it cannot see (only ranks on its board, after ``extra_s`` more)."""
+        progress, so this rank blames none it cannot see (only ranks on its board, after ``extra_s`` more).
+
+        Invariants, checked every CHECK_EVERY_S in this order:
+        - A deadline (a stop request's grace) ends the wait whatever the ranks do: the job must stop in bounded time.
+        - A rank whose script has ended before this collective (its departure, announce_departure) ends it at once:
+          it never comes, so waiting out its silence would only delay the same verdict.
+        - Otherwise a rank is blamed only when it has shown no sign of life for its limit (_allowed_s). Signs of life
+          are its heartbeat ticks and the collectives it enters, both read from the board of this host; a rank on
+          another host is blind here, and when rank 0 judges (rank0_judges) only rank 0 blames it.
+        - ``done()`` is asked again after the verdict and before raising: a rank that arrived while it was judged is
+          not blamed (its arrival is the sign of life the verdict missed).
+        - The silences of a wait feed the "auto" limit only after warm-up (compilation, first allocations), and
+          without ticks the whole wait counts as one silence, so that "auto" never learns a limit shorter than what
+          a healthy rank was seen to need."""
         started = time.monotonic()
         warm_up = self.calls.get(what, 0) <= AUTO_WARMUP_CALLS
         next_check = started + CHECK_EVERY_S

@@ -317,6 +317,9 @@ BAD_INPUTS = [
     (["CartPole-v1", "--kl_targ", "nan"], "--kl_targ must be a finite number, got nan"),
     (["CartPole-v1", "--seed", "-1"], "--seed must be a non-negative integer, got -1"),
     (["CartPole-v1", "--stop_grace", "0"], "--stop_grace must be > 0 seconds, got 0.0"),
+    (["CartPole-v1", "--stall_timeout", "10m"], "--stall_timeout must be 'auto', a number of seconds, or 0 to wait "
+                                                "forever, got '10m'"),
+    (["CartPole-v1", "--stall_timeout", "-1"], "--stall_timeout must be 'auto', a number of seconds, or 0"),
     (["CartPole-v1", "--eval_every", "-1"], "--eval_every must be >= 0 iterations (0: never), got -1"),
     (["CartPole-v1", "--eval_every", "2", "--eval_episodes", "0"], "--eval_episodes must be at least 1, got 0"),
     (["--resume", "/nonexistent/run"], "not a run directory (no config.json)"),

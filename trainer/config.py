@@ -17,6 +17,7 @@ from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import mpi_util
 from algos.registry import ALGORITHMS, ENVS_IN_ALL
 from trainer.run_dir import run_dir_name
 
@@ -238,12 +239,8 @@ def explicit_settings(args: argparse.Namespace) -> dict:
             raise ValueError(f"--hidden must be comma-separated layer sizes like 64,64, got '{args.hidden}'") from None
         if min(given["hidden"]) < 1:
             raise ValueError(f"--hidden sizes must be positive, got '{args.hidden}'")
-    if "stall_timeout" in given and given["stall_timeout"] != "auto":
-        try:
-            given["stall_timeout"] = float(given["stall_timeout"])
-        except ValueError:
-            raise ValueError(f"--stall_timeout must be 'auto' or a number of seconds, got '{args.stall_timeout}'") \
-                from None
+    if "stall_timeout" in given:  # in mpi_util's words, which MPI_UTIL_STALL_TIMEOUT uses too; None (never) is 0
+        given["stall_timeout"] = mpi_util.parse_stall_timeout(str(given["stall_timeout"]), "--stall_timeout") or 0.0
     return given
 
 
@@ -320,8 +317,7 @@ def fill_algorithm_defaults(config: TrainConfig, given: dict) -> None:
 
 def check_config(config: TrainConfig) -> None:
     """ValueError with a one-line reason for a setting train.py cannot run with."""
-    for name in ("gpu_pct", "gamma", "lam", "kl_targ", "lr", "clip_ratio", "ent_coef", "vf_coef", "stall_timeout",
-                 "stop_grace"):
+    for name in ("gamma", "lam", "kl_targ", "lr", "clip_ratio", "ent_coef", "vf_coef", "stop_grace"):
         value = getattr(config, name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"--{name} must be a finite number, got {value}")
@@ -352,12 +348,10 @@ def check_config(config: TrainConfig) -> None:
     for name in ("ent_coef", "vf_coef"):
         if getattr(config, name) is not None and not getattr(config, name) >= 0:
             raise ValueError(f"--{name} must be >= 0, got {getattr(config, name)}")
-    if config.stall_timeout != "auto" and not config.stall_timeout >= 0:
-        raise ValueError(f"--stall_timeout must be 'auto' or >= 0 seconds (0: never), got {config.stall_timeout}")
+    mpi_util.parse_stall_timeout(str(config.stall_timeout), "--stall_timeout")  # as config.json holds it, too
     if not config.stop_grace > 0:
         raise ValueError(f"--stop_grace must be > 0 seconds, got {config.stop_grace}")
-    if not 0.0 <= config.gpu_pct <= 1.0:
-        raise ValueError(f"--gpu_pct must be in [0, 1] (fraction of GPU memory per process), got {config.gpu_pct}")
+    mpi_util.check_gpu_pct(config.gpu_pct, "--gpu_pct")
     if config.algo not in ALGORITHMS:
         raise ValueError(f"--algo {config.algo} is not one this train.py knows ({', '.join(ALGORITHMS)})")
     if config.lr is not None and not config.lr > 0:

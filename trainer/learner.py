@@ -21,7 +21,7 @@ from trainer.config import TrainConfig
 from trainer.counters import Counters
 from trainer.evaluate import BEST_POLICY, write_policy_file
 from trainer.kernels import rank0_tensorflow_kernels
-from trainer.resume import as_numpy
+from trainer.resume import as_numpy, kept_checkpoint_note
 from trainer.run_dir import RunDirLock, lock_run_dir
 from trainer.versions import stack_versions, version_changes
 
@@ -167,9 +167,9 @@ class Learner:
         if not all(np.isfinite(as_numpy(v)).all() for v in self.ac.broadcast_state()):
             # Stopped before the broadcast and the next checkpoint, so the last good checkpoint stays the newest.
             mpi_util.abort(f"train.py: error: the update of iteration {counters.iteration + 1} made the weights "
-                           f"non-finite (inf or NaN); the job stops. {self._kept_checkpoint_note()}. Rewards too "
-                           "large to fit, or a learning rate too high for this problem: check the environment's "
-                           "rewards, or start a new run with a smaller --lr")
+                           f"non-finite (inf or NaN); the job stops, and {kept_checkpoint_note(self.run_dir)}. "
+                           "Rewards too large to fit, or a learning rate too high for this problem: check the "
+                           "environment's rewards, or start a new run with a smaller --lr")
         counters.iteration += 1
         counters.total_steps += config.batch_size
         counters.total_episodes += len(episodes["ep_return"])
@@ -223,8 +223,9 @@ class Learner:
     def _abort_unwritable(self, what: str) -> None:
         """End the job because ``what`` (a file or the logs, with the error) cannot be written, naming the checkpoint
         to resume from."""
-        mpi_util.abort(f"train.py: error: cannot write {what}. {self._kept_checkpoint_note()}: make the directory "
-                       f"writable (or free space), then continue with python train.py --resume {self.run_dir}")
+        mpi_util.abort(f"train.py: error: cannot write {what}; {kept_checkpoint_note(self.run_dir)}: make the "
+                       f"directory writable (or free space), then continue with python train.py --resume "
+                       f"{self.run_dir}")
 
     def _start_tracking(self, record: dict) -> Any:
         """With --track, the Weights & Biases run of this run directory (resumed by its id when it exists), its
@@ -254,13 +255,6 @@ class Learner:
                 mpi_util.print0(f"train.py: warning: {self._key[1]}; the environments' snapshots in this run's "
                                 "checkpoints are not signed, and a resume of them starts fresh episodes")
         return self._key[0]
-
-    def _kept_checkpoint_note(self) -> str:
-        from trainer.checkpoint import list_checkpoints
-
-        kept = list_checkpoints(self.run_dir / "checkpoints")
-        return (f"The last good checkpoint, {kept[-1]}, is kept" if kept
-                else "No checkpoint was written yet (the run must start again)")
 
     def finish(self, counters: Counters, signum: int | None, elapsed_s: float) -> None:
         """Close the logs, plot the learning curve, and say how the run ended (``signum``: the stop signal, if any;

@@ -111,10 +111,9 @@ def checkpoint(run_dir: Path, learner: Learner | None, counters: Counters, worke
             "elapsed_s": elapsed_s, "ranks": ranks_state,
         })
     except OSError as error:
-        kept = list_checkpoints(run_dir / "checkpoints")
         mpi_util.abort(f"train.py: error: cannot write the checkpoint of iteration {counters.iteration} in "
-                       f"{run_dir / 'checkpoints'}: {error.strerror or error}; the last good checkpoint, "
-                       f"{kept[-1].name if kept else 'none'}, is untouched")
+                       f"{run_dir / 'checkpoints'}: {error.strerror or error}; {kept_checkpoint_note(run_dir)}: free "
+                       f"space (or make it writable), then continue with python train.py --resume {run_dir}")
 
 
 def restart_from_newest_checkpoint(run_dir: Path, args: list[str]) -> Callable[[mpi_util.JobFailure], list[str]]:
@@ -136,10 +135,15 @@ def as_numpy(value: object) -> np.ndarray:
     return value.numpy() if hasattr(value, "numpy") else np.array(value, copy=True)
 
 
+def kept_checkpoint_note(run_dir: Path) -> str:
+    """The one wording of what a run that ends early keeps: its newest checkpoint (by name), or none."""
+    kept = list_checkpoints(run_dir / "checkpoints")
+    return f"the last good checkpoint, {kept[-1].name}, is kept" if kept else "no checkpoint was written yet"
+
+
 def resume_note(run_dir: Path) -> str:
     """What is kept of a run that ends early, and how to go on from it."""
-    kept = list_checkpoints(run_dir / "checkpoints")
-    if not kept:
-        return (f"no checkpoint was written yet: the run starts again from the beginning (in a new run directory; "
+    if not list_checkpoints(run_dir / "checkpoints"):
+        return (f"{kept_checkpoint_note(run_dir)}: the run starts again from the beginning (in a new run directory; "
                 f"{run_dir} can be removed)")
-    return f"the last good checkpoint, {kept[-1].name}, is kept: continue with python train.py --resume {run_dir}"
+    return f"{kept_checkpoint_note(run_dir)}: continue with python train.py --resume {run_dir}"
