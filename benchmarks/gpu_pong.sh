@@ -5,7 +5,7 @@
 #   2. train.py ALE/Pong-v5 with --gpu_pct 0.08 at 8 and 16 processes: steps/s and the parts of an iteration
 #      (scaling.py);
 #   3. the memory of each process at 16 processes, rank 0's (TensorFlow and CUDA) and a worker's (startup.py).
-# Install first: .venv/bin/pip install -c constraints.txt -e '.[gpu,pixels,bench]'. Results go to
+# Install first: .venv/bin/pip install -c constraints.txt -e '.[gpu,pixels,mpich]' (gpu instead of rl). Results go to
 # benchmarks/results/gpu_pong_*; nvidia-smi's line for the GPU goes to gpu_pong_update_gpu/gpu.txt.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

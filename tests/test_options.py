@@ -154,3 +154,25 @@ def test_the_docs_state_no_option_default_of_their_own():
                 if match.group(1) in TrainConfig.__dataclass_fields__:
                     stated.append(f"{page.name}:{number} --{match.group(1)} {match.group(2)}")
     assert stated == []
+
+
+def test_tensorflow_installed_twice_is_refused_in_one_line(tmp_path):
+    # What pip leaves after installing the gpu extra beside the rl one (or the reverse): both builds' metadata, one
+    # module whose files each overwrote. The build that is not installed here is added as a dist-info on the path.
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("tensorflow-cpu")
+        other = "tensorflow"
+    except importlib.metadata.PackageNotFoundError:
+        other = "tensorflow_cpu"
+    dist_info = tmp_path / f"{other}-2.21.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {other.replace('_', '-')}\nVersion: 2.21.0\n")
+    result = run_bounded([sys.executable, "train.py", "CartPole-v1"], timeout=60, cwd=REPO,
+                         env={"PYTHONPATH": f"{tmp_path}:{REPO}"})
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "train.py: error: tensorflow and tensorflow-cpu are both installed, and each overwrote the other's files: pip "
+        "uninstall -y tensorflow tensorflow-cpu, then pip install -e '.[rl]' (or '.[gpu]' on a machine with an NVIDIA "
+        "GPU) in this checkout"], result.stderr

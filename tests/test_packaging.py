@@ -73,7 +73,7 @@ def test_constraints_pin_every_dependency_within_setup_cfg():
     config = configparser.ConfigParser()
     config.read(REPO / "setup.cfg")
     lines = config["options"]["install_requires"].splitlines()
-    for extra in ("mpich", "rl", "sb3", "jax", "test", "bench"):
+    for extra in ("mpich", "rl-common", "rl", "gpu", "pixels", "sb3", "jax", "docs", "track", "test", "bench"):
         lines += config["options.extras_require"][extra].splitlines()
     required = [Requirement(line) for line in lines if line.strip() and not line.startswith("mpi-batch-rl")]
     assert len(required) > 15

@@ -4,6 +4,7 @@ once, on the field) and the options that only say how to launch, resume or play 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import os
 import shlex
@@ -170,9 +171,22 @@ def launch_settings(args: argparse.Namespace, nprocs: int) -> dict:
 
 
 def missing_modules(names: tuple[str, ...]) -> str | None:
-    """None when every module in ``names`` is installed; else a one-line reason that says what to install."""
+    """None when every module in ``names`` is installed, TensorFlow by one distribution; else a one-line reason that
+    says what to install."""
     missing = [name for name in names if importlib.util.find_spec(name) is None]
-    if not missing:
-        return None
-    return (f"{', '.join(missing)} not installed; train.py needs the rl extra: pip install -e '.[rl]' in this "
-            "checkout (mpi_util alone needs only mpi4py, mpich and numpy)")
+    if missing:
+        return (f"{', '.join(missing)} not installed; train.py needs the rl extra: pip install -e '.[rl]' in this "
+                "checkout (mpi_util alone needs only mpi4py, mpich and numpy)")
+    if "tensorflow" in names and all(_installed(name) for name in ("tensorflow", "tensorflow-cpu")):
+        return ("tensorflow and tensorflow-cpu are both installed, and each overwrote the other's files: pip uninstall "
+                "-y tensorflow tensorflow-cpu, then pip install -e '.[rl]' (or '.[gpu]' on a machine with an NVIDIA "
+                "GPU) in this checkout")
+    return None
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True

@@ -41,6 +41,11 @@ def stack_versions() -> dict[str, str]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
+    if "tensorflow" not in versions:  # the rl extra's CPU-only build: the same numbers, recorded as such
+        try:
+            versions["tensorflow"] = f"{metadata.version('tensorflow-cpu')} (tensorflow-cpu)"
+        except metadata.PackageNotFoundError:
+            pass
     if "mpi4py.MPI" in sys.modules:
         versions["mpi_library"] = " ".join(sys.modules["mpi4py.MPI"].Get_library_version().splitlines()[0].split())
     versions["cpu_model"], versions["cpu_flags"] = cpu_model_and_flags()
