@@ -67,7 +67,20 @@ def poll_requests(requests: list[MPI.Request], what: str, sequence: int, **stall
 
 class HostTransport:
     """The doorbell, the exchange slots, the broadcast window and the gather segments of COMM_WORLD's ranks, all on
-    this host. Collective to create; its methods are called by every rank inside a collective, in the same order."""
+    this host. Collective to create; its methods are called by every rank inside a collective, in the same order.
+
+    Invariants, and why they hold:
+    - Doorbell order: a rank writes what it publishes (its exchange values, its gather segment) before it rings, and
+      reads the others' only after it has seen every rank arrive and synced the window (``window.Sync()``); swap
+      either and a rank reads a slot before its writer has filled it.
+    - Parity: exchange k writes slot set k % 2, and gather g half g % 2 of each segment. Reusing a set is safe
+      because no rank can start exchange k before every rank has left exchange k - 1, so all have read exchange
+      k - 2 from it. It holds only while every rank counts the same exchanges and gathers: every rank calls each
+      collective, in the same order, with no early return on some ranks.
+    - One decision for all: whether this transport is used is decided once, by every rank together, after the first
+      collective over COMM_WORLD (decide_after_first_collective); a refused window (bcast_refused,
+      segments_refused) switches every rank to MPI together, never one alone.
+    """
 
     def __init__(self, comm: MPI.Comm) -> None:
         self.comm = comm

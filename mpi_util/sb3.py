@@ -685,7 +685,12 @@ def parallelize(model: Model, comm: MPI.Comm | None = None, env_axes: Mapping[st
         failure = None
     except Exception as error:
         failure = error
+    # A second round: making the class and rank 0's larger buffer can fail after the first round agreed (memory, a
+    # buffer class SB3 cannot rebuild), and the other ranks must not go on to the broadcasts without rank 0.
     _agree(comm, failure, 0)
+    # The class is swapped, not wrapped: the user's object stays the one they hold, isinstance(model, PPO), save and
+    # PPO.load keep working, and the subclass adds methods only (no __init__, no instance layout), so the swap leaves
+    # every attribute as SB3 set it.
     model.__class__ = _PARALLEL_CLASSES[cls]
     if ars:
         model._mpi = _ArsState(comm)  # type: ignore[attr-defined]

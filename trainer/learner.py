@@ -200,7 +200,8 @@ class Learner:
             timings: dict[str, float], wall_s: float, evaluation: dict[str, float]) -> None:
         """One row of progress.csv and TensorBoard, and the console line; timings: seconds of t_rollout, t_gather,
         t_update, t_bcast, t_eval (with --eval_every) and the whole t_iteration; ``evaluation``: evaluated()'s
-        columns."""
+        columns. train.py's t_update adds two spans of which one is empty: before the rollout under --policy_lag 1
+        (the batch gathered an iteration earlier, learned while the other ranks roll out), after the gather without."""
         returns = episodes["ep_return"]
         row = {
             "iteration": counters.iteration, "total_steps": counters.total_steps,
