@@ -1,7 +1,7 @@
 """mpi_util.SharedBudget.take against mpi4py's own global counter (mpi4py.util.sync.Counter.next), side by side:
 the cost of one draw from a budget every rank of one host draws from while it rolls out (train.py's --batch_split
-shared draws its env steps in blocks of rows). Each rank draws ``--draws`` times in a row, all ranks at once; the table gives
-the median over ``--repeats`` of each rank's mean microseconds per draw, and whether the draws added up.
+shared draws its env steps in blocks of rows). Each rank draws ``--draws`` times in a row, all ranks at once; the
+table gives the median over ``--repeats`` of each rank's mean microseconds per draw, and whether the draws added up.
 
     python benchmarks/budget_counter.py --nprocs 2 --out benchmarks/results/budget_counter
 """

@@ -10,7 +10,7 @@ import types
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, WAITS
 
 import mpi_util
 from mpi_util import stall
@@ -71,6 +71,7 @@ def test_bad_arguments_are_clear():
         mpi_util.set_stall_timeout(-1)
 
 
+@WAITS
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_auto_stall_timeout_allows_warm_up_then_reports_a_hang_within_ten_waits(run_mpi, tmp_path, nprocs):
     # Start-up limit 4 s and floor 1 s (scaled down from 600 s and 60 s): 2 s late in warm-up passes, 0.2 s late sets
@@ -93,6 +94,7 @@ def test_a_rank_that_stops_advancing_is_reported_in_the_first_call(run_mpi, tmp_
     assert f"no progress for {silent_s} s in step (collective #1): rank 1 has not arrived" in outcome["error"], outcome
 
 
+@WAITS
 def test_a_slow_rank_that_advances_is_not_blamed(run_mpi, tmp_path):
     # Each wait lasts about 8 s, 4x the no-progress limit and beyond the start-up allowance: without its heartbeats
     # rank 1 would be blamed in the first call.

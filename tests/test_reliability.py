@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FEW_MINIBATCHES, REPO, run_bounded
+from conftest import FEW_MINIBATCHES, REPO, WAITS, run_bounded
 from test_train import TRAIN, progress, reproducible_part, train
 
 import mpi_util
@@ -63,6 +63,7 @@ def test_sigkill_of_one_rank_ends_job_and_keeps_last_checkpoint(tmp_path):
     assert int(state["counters"][1]) == 2 * 1536
 
 
+@WAITS
 def test_stalled_rank_aborts_job_naming_it(tmp_path):
     result = train_with_fault(tmp_path, "hang", rank=1, at_step=700, extra=("--stall_timeout", "20"))
     assert result.returncode != 0
@@ -76,6 +77,7 @@ def test_stalled_rank_aborts_job_naming_it(tmp_path):
     assert_no_process_left(tmp_path)
 
 
+@WAITS
 def test_default_stall_limit_reports_a_rank_hung_in_the_first_rollout_within_150_s(tmp_path):
     # Rank 1's env hangs at its 100th step, in the first iteration: the ranks waiting for it see its heartbeats stop,
     # and 60 s later (the "auto" limit for a rank that has ticked) the job ends, naming it.
@@ -88,6 +90,7 @@ def test_default_stall_limit_reports_a_rank_hung_in_the_first_rollout_within_150
     assert_no_process_left(tmp_path)
 
 
+@WAITS
 def test_slow_rank_that_advances_is_not_blamed(tmp_path):
     # Rank 1's env is slow (+12 ms a step: its 512-step rollout takes over 6 s, the others' a fraction of a second),
     # so ranks 0 and 2 wait about 6 s in each gather, 3x the 2 s stall limit; rank 1's heartbeats keep it unblamed.
@@ -98,6 +101,7 @@ def test_slow_rank_that_advances_is_not_blamed(tmp_path):
     assert len(progress(next(tmp_path.iterdir()))) == 2
 
 
+@WAITS
 def test_stop_request_with_a_hung_rank_ends_the_job_within_the_grace_naming_it(tmp_path):
     # Rank 1 hangs in iteration 2; a SIGTERM after iteration 1 asks for a stop, which iteration 2 never reaches.
     env = dict(os.environ, PYTHONPATH=str(REPO), FAULT_KIND="hang", FAULT_RANK="1", FAULT_AT_STEP="700")

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, WAITS
 
 SLURM_CHECK = REPO / "tests" / "slurm_check.sh"
 PACKAGES = ("slurmd", "slurmctld", "slurm-client", "munge")
@@ -37,6 +37,7 @@ def slurm_or_skip() -> None:
         pytest.skip(f"Slurm is not installed and apt-get install failed: {last}")
 
 
+@WAITS
 @pytest.mark.timeout(RUN_LIMIT + 60)
 def test_a_job_past_its_time_limit_or_preempted_checkpoints_requeues_and_finishes_its_budget():
     slurm_or_skip()
