@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,6 +45,22 @@ def rollout_passes(agent: Agent, device: torch.device, generator: np.random.Gene
             logps.append(logp.cpu().numpy())
     return {"obs": frames, "act": np.concatenate(actions), "logp": np.concatenate(logps).astype(np.float32),
             "ret": generator.standard_normal(ROWS_PER_RANK).astype(np.float32)}
+
+
+def gpu_memory_by_pid() -> dict[int, float]:
+    """{pid: MiB} of every process on the GPUs, as nvidia-smi counts it (the CUDA context included); {} when
+    nvidia-smi cannot say (no driver, or a container that hides other processes' pids)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    used = {}
+    for line in out.splitlines():
+        pid, _, mib = line.partition(",")
+        if pid.strip().isdigit() and mib.strip().replace(".", "", 1).isdigit():
+            used[int(pid)] = float(mib)
+    return used
 
 
 def synchronize(device: torch.device) -> None:
@@ -115,8 +133,14 @@ def main() -> int:
                 spans[key] += span / args.iterations
     out_of_sync = mpi_util.ranks_out_of_sync(agent)
     reserved = torch.cuda.max_memory_reserved(device) if gpu is not None else 0
-    mine = {"rank": mpi_util.rank, "device": str(device), "max_memory_reserved_mib": reserved / 2**20, **spans}
+    mine = {"rank": mpi_util.rank, "pid": os.getpid(), "device": str(device),
+            "max_memory_reserved_mib": reserved / 2**20, **spans}
     records = mpi_util.gather_objects(mine)
+    if mpi_util.rank == 0 and gpu is not None:  # every rank is alive, holding its context, until the broadcast below
+        used = gpu_memory_by_pid()
+        for record in records:
+            record["nvidia_smi_mib"] = used.get(record["pid"], float("nan"))
+    mpi_util.bcast_object(None)
     if mpi_util.rank == 0:
         for record in records:
             print(" ".join(f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}"

@@ -40,14 +40,17 @@ for name, label in (("peer_cuda", "GPU"), ("peer_cpu_all", "all CPUs"), ("peer_c
     rollout = statistics.median(i["t_rollout"] for i in its)
     threads = record["torch_threads"]
     lines.append(f"| {label} ({threads} threads) | {update:.3f} | {rollout:.3f} | {1024 / (update + rollout):.0f} |")
-lines += ["", "| ranks | memory CUDA reserved per rank, MiB (min-max) | rollout s | gather s | rank 0's update s "
-          "| rank 0's bcast s | out of sync |", "| --- | --- | --- | --- | --- | --- | --- |"]
+lines += ["", "| ranks | memory torch reserved per rank, MiB (min-max) | GPU memory per process, nvidia-smi, MiB "
+          "(min-max) | rollout s | gather s | rank 0's update s | rank 0's bcast s | out of sync |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
 for n in (8, 16):
     record = json.loads((out / f"ranks_{n}.json").read_text())
     ranks = record["ranks"]
     memory = [r["max_memory_reserved_mib"] for r in ranks]
+    smi = [r.get("nvidia_smi_mib", float("nan")) for r in ranks]
     worst = {key: max(r[key] for r in ranks) for key in ("rollout_s", "gather_s")}
-    lines.append(f"| {n} | {min(memory):.0f}-{max(memory):.0f} | {worst['rollout_s']:.3f} | {worst['gather_s']:.3f} "
+    lines.append(f"| {n} | {min(memory):.0f}-{max(memory):.0f} | {min(smi):.0f}-{max(smi):.0f} "
+                 f"| {worst['rollout_s']:.3f} | {worst['gather_s']:.3f} "
                  f"| {ranks[0]['update_s']:.3f} | {ranks[0]['bcast_s']:.3f} | {record['out_of_sync']} |")
 (out / "results.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
