@@ -281,10 +281,7 @@ def _check_fork_arguments(n: int, gpu_pct: float, mpiexec_args: Sequence[str], m
         raise TypeError(f"mpi_fork: number of processes must be an integer, got {n!r}")
     if n < 1:
         raise ValueError(f"mpi_fork: number of processes must be at least 1, got {n}")
-    try:
-        check_gpu_pct(gpu_pct)
-    except ValueError as error:
-        raise ValueError(f"mpi_fork: {error}") from None
+    check_gpu_pct(gpu_pct, "mpi_fork: gpu_pct")
     if isinstance(mpiexec_args, str):
         raise TypeError("mpi_fork: mpiexec_args must be a list of arguments (shlex.split a string first)")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:

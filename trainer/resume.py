@@ -136,14 +136,18 @@ def as_numpy(value: object) -> np.ndarray:
 
 
 def kept_checkpoint_note(run_dir: Path) -> str:
-    """The one wording of what a run that ends early keeps: its newest checkpoint (by name), or none."""
-    kept = list_checkpoints(run_dir / "checkpoints")
+    """What a run that ends early keeps: its newest checkpoint (by name), or none."""
+    return _kept_wording(list_checkpoints(run_dir / "checkpoints"))
+
+
+def _kept_wording(kept: list[Path]) -> str:
+    """The one wording of the checkpoints ``kept`` (oldest first)."""
     return f"the last good checkpoint, {kept[-1].name}, is kept" if kept else "no checkpoint was written yet"
 
 
 def resume_note(run_dir: Path) -> str:
     """What is kept of a run that ends early, and how to go on from it."""
-    if not list_checkpoints(run_dir / "checkpoints"):
-        return (f"{kept_checkpoint_note(run_dir)}: the run starts again from the beginning (in a new run directory; "
-                f"{run_dir} can be removed)")
-    return f"{kept_checkpoint_note(run_dir)}: continue with python train.py --resume {run_dir}"
+    kept = list_checkpoints(run_dir / "checkpoints")
+    then = (f"continue with python train.py --resume {run_dir}" if kept else
+            f"the run starts again from the beginning (in a new run directory; {run_dir} can be removed)")
+    return f"{_kept_wording(kept)}: {then}"
