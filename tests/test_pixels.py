@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,8 +54,10 @@ def test_images_travel_as_uint8_from_the_rollout():
 def test_minatar_trains_on_two_processes_resumes_bit_for_bit_and_plays(tmp_path, algo):
     common = [*COMMON, "--algo", algo, *CONSTANT_LR[algo]]
     whole, _ = train(*common, "--total_steps", "2048", "--logdir", str(tmp_path / "whole"))
-    part, _ = train(*common, "--total_steps", "1024", "--logdir", str(tmp_path / "part"))
-    resumed, out = train("--resume", str(part), "--nprocs", "2", "--total_steps", "2048")
+    part = tmp_path / "part"  # a copy of the whole run as its checkpoint of iteration 2 left it
+    shutil.copytree(whole, part)
+    (part / "checkpoints" / "ckpt_00000004.npz").unlink()
+    resumed, out = train("--resume", str(part))
     assert whole.name.startswith("MinAtar-Breakout-v1_") and resumed == part
     assert "from ckpt_00000002.npz: iteration 2, step 1024" in out
     assert reproducible_part(progress(resumed)) == reproducible_part(progress(whole))
@@ -165,7 +168,7 @@ def test_atari_rollouts_end_the_value_at_a_lost_life_clip_rewards_and_report_the
 
 
 def test_atari_trains_on_two_processes_quietly_resumes_bit_for_bit_and_plays_the_whole_game(tmp_path):
-    pong = ["ALE/Pong-v5", "--nprocs", "2", "--batch_size", "256", "--minibatch_size", "128"]
+    pong = ["ALE/Pong-v5", "--nprocs", "2", "--batch_size", "256", "--minibatch_size", "128", "--checkpoint_every", "1"]
     result = run_bounded([sys.executable, TRAIN, *pong, "--total_steps", "512", "--logdir", str(tmp_path / "whole")],
                          timeout=240)
     assert result.returncode == 0 and result.stderr == "", result.stderr[-3000:]  # no ALE banner, no warning
@@ -181,11 +184,12 @@ def test_atari_trains_on_two_processes_quietly_resumes_bit_for_bit_and_plays_the
     assert config["tf_enable_onednn_opts"] == "1", config
     ac_state = load_latest_checkpoint(run_dir / "checkpoints")[1]["ac_state"]
     assert [a.shape for a in ac_state[-8:-6]] == [(512, 1), (1,)]  # the value head on the torso's 512 features
-    # Resumed after its first iteration, the run ends bit for bit where the whole one did: oneDNN's kernels on as
-    # many threads as before give the same numbers on the same CPU (both schedules give the first update all of lr
-    # and clip_ratio at either budget).
-    part, _ = train(*pong, "--total_steps", "256", "--logdir", str(tmp_path / "part"))
-    resumed, out = train("--resume", str(part), "--total_steps", "512")
+    # Resumed from its first iteration's checkpoint (in a copy of the run), the run ends bit for bit where the whole
+    # one did: oneDNN's kernels on as many threads as before give the same numbers on the same CPU.
+    part = tmp_path / "part"
+    shutil.copytree(run_dir, part)
+    (part / "checkpoints" / "ckpt_00000002.npz").unlink()
+    resumed, out = train("--resume", str(part))
     assert "from ckpt_00000001.npz: iteration 1, step 256" in out
     for mine, theirs in zip(load_latest_checkpoint(resumed / "checkpoints")[1]["ac_state"], ac_state, strict=True):
         np.testing.assert_array_equal(mine, theirs)

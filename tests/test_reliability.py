@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FEW_MINIBATCHES, REPO, WAITS, run_bounded
-from test_train import TRAIN, progress, reproducible_part, train
+from test_train import TRAIN, progress, train
 
 import mpi_util
 from mpi_util import launch
@@ -134,10 +134,10 @@ def test_nan_reward_names_rank_and_step(tmp_path):
     assert_no_process_left(tmp_path)
 
 
-# SIGINT (Ctrl-C at the launcher); SIGTERM, to every process and in every phase, is test_nothing_lost's.
+# SIGINT (Ctrl-C at the launcher); SIGTERM, to every process and in every phase, and the exact resume after a stop
+# are test_nothing_lost's.
 @pytest.mark.parametrize("signum", [signal.SIGINT])
-def test_signal_stops_at_safe_point_with_checkpoint_and_resume_is_exact(tmp_path, signum):
-    # A constant learning rate: the resume below shrinks the budget, which a linear schedule follows.
+def test_signal_stops_at_safe_point_with_checkpoint(tmp_path, signum):
     common = ["Pendulum-v1", "--nprocs", "2", "--batch_size", "1024", "--checkpoint_every", "1000",
               "--lr_schedule", "constant", *FEW_MINIBATCHES]
     job = subprocess.Popen([sys.executable, TRAIN, *common, "--total_steps", "1000000", "--logdir",
@@ -163,11 +163,6 @@ def test_signal_stops_at_safe_point_with_checkpoint_and_resume_is_exact(tmp_path
     path, state, _ = load_latest_checkpoint(run_dir / "checkpoints")
     assert int(state["counters"][0]) == stopped_at  # the checkpoint is of the last finished iteration
     assert_no_process_left(tmp_path)
-
-    total = str((stopped_at + 2) * 1024)
-    resumed, _ = train("--resume", str(run_dir), "--nprocs", "2", "--total_steps", total)
-    whole, _ = train(*common, "--total_steps", total, "--logdir", str(tmp_path / "whole"))
-    assert reproducible_part(progress(resumed)) == reproducible_part(progress(whole))
 
 
 def test_corrupted_checkpoint_is_reported_and_previous_used(tmp_path):

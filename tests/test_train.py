@@ -190,21 +190,13 @@ def test_shared_batch_split_fills_every_batch_and_keeps_ranks_in_sync(runs_dir):
     assert json.loads((run_dir / "config.json").read_text())["batch_split"] == "shared"
 
 
-def test_same_seed_same_results_other_seed_differs(runs_dir):
-    common = ["Pendulum-v1", "--algo", "trpo", "--nprocs", "2", "--total_steps", "6144", *FEW_MINIBATCHES]
-    first, _ = train(*common, "--logdir", str(runs_dir / "det1"))
-    second, _ = train(*common, "--logdir", str(runs_dir / "det2"))
-    other, _ = train(*common, "--seed", "1", "--logdir", str(runs_dir / "det3"))
-    assert reproducible_part(progress(first)) == reproducible_part(progress(second))
-    assert reproducible_part(progress(first)) != reproducible_part(progress(other))
-
-
 # Every algorithm: the first with two envs per rank, the others with one.
 RESUMES = [(algo, 2, 28) if i == 0 else (algo, 1, 30) for i, algo in enumerate(ALGORITHMS)]
 
 
 @pytest.mark.parametrize(("algo", "envs_per_rank", "episodes_by_iteration_3"), RESUMES)
-def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir, algo, envs_per_rank, episodes_by_iteration_3):
+def test_resume_continues_exactly_like_an_uninterrupted_run_and_the_seed_decides_the_results(
+        runs_dir, algo, envs_per_rank, episodes_by_iteration_3):
     # The same step budget for both, so the linear learning-rate schedule is the same: the first part stops
     # on an episode budget instead (Pendulum's episodes all last 200 steps; after iteration 3 each of the 2 x 1
     # envs has run 3072 steps, 15 episodes, and each of the 2 x 2 envs 1536 steps, 7 episodes). Evaluations at
@@ -215,6 +207,13 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(runs_dir, algo, envs
     whole, _ = train(*common, "--logdir", str(runs_dir / f"whole_{algo}{envs_per_rank}"))
     part, _ = train(*common, "--num_episodes", str(episodes_by_iteration_3),
                     "--logdir", str(runs_dir / f"part_{algo}{envs_per_rank}"))
+    # Same seed, same results: another process logged the whole run's first three rows; another seed differs from
+    # the first iteration on (once: the seed reaches the rollouts the same way whatever the algorithm).
+    assert reproducible_part(progress(part)) == reproducible_part(progress(whole))[:3]
+    if envs_per_rank == 2:
+        other, _ = train(*common, "--seed", "1", "--num_episodes", "1",
+                         "--logdir", str(runs_dir / f"other_seed_{algo}{envs_per_rank}"))
+        assert reproducible_part(progress(other))[0] != reproducible_part(progress(whole))[0]
     resumed, out = train("--resume", str(part), "--nprocs", "2", "--num_episodes", "1000")
     assert resumed == part
     assert "from ckpt_00000003.npz: iteration 3, step 6144" in out
