@@ -156,7 +156,9 @@ def test_train_across_hosts_learns_resumes_and_logs_what_one_host_logs(two_hosts
     # and resumed there: the same seed and nprocs log the same values, to the last digit. (Against train.py --nprocs
     # 4, which starts the ranks through mpi_fork, the update's statistics differ in about the 8th digit, on one host
     # as well as across hosts; the rollouts agree.)
-    common = ["CartPole-v1", "--total_steps", "8192", "--checkpoint_every", "2", "--seed", "3"]
+    # 128-row minibatches: a third less CPU than the default 64 rows, and it still learns (seen: 85 at 4 processes).
+    common = ["CartPole-v1", "--total_steps", "8192", "--checkpoint_every", "2", "--seed", "3",
+              "--minibatch_size", "128"]
     # The run directories at known paths.
     command, settings = one_host_launcher("-n", "4", sys.executable, TRAIN, *common, "--run_dir", str(tmp_path / "one"))
     one_host = run_bounded(command, 240, settings)
@@ -174,7 +176,7 @@ def test_train_across_hosts_learns_resumes_and_logs_what_one_host_logs(two_hosts
     assert code == 0, err[-3000:]
     assert "from ckpt_00000002.npz: iteration 2" in out, out[-3000:]
     assert progress(run_dir) == rows
-    assert float(rows[-1]["ep_return_mean"]) > 60, rows[-1]  # random play: about 22; seen: 94
+    assert float(rows[-1]["ep_return_mean"]) > 60, rows[-1]  # random play: about 22; seen: 85
     assert no_process_left(two_hosts) == []
 
 

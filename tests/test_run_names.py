@@ -52,15 +52,15 @@ def copy_of(run_dir: Path, where: Path) -> Path:
     return Path(shutil.copytree(run_dir, where / run_dir.name))
 
 
-def test_odd_names_beside_the_checkpoints_are_neither_resumed_from_nor_pruned(tmp_path):
-    run_dir, _ = train(*CARTPOLE, "--total_steps", "1536", "--logdir", str(tmp_path))
+def test_odd_names_beside_the_checkpoints_are_neither_resumed_from_nor_pruned(tmp_path, trained):
+    run_dir = copy_of(trained, tmp_path)
     checkpoints = run_dir / "checkpoints"
     first = (checkpoints / "ckpt_00000001.npz").read_bytes()
     for name in ODD_NAMES:
         (checkpoints / name).write_bytes(first)  # each a valid checkpoint of iteration 1 under another name
     (checkpoints / "ckpt_00000098.npz").mkdir()
     resumed, out = train("--resume", str(run_dir), "--total_steps", "3072")
-    assert "from ckpt_00000003.npz: iteration 3, step 1536" in out  # the highest iteration, not the last name
+    assert "from ckpt_00000002.npz: iteration 2, step 1024" in out  # the highest iteration, not the last name
     assert [row["iteration"] for row in progress(resumed)] == [str(i) for i in range(1, 7)]
     assert [p.name for p in list_checkpoints(checkpoints)] == ["ckpt_00000004.npz", "ckpt_00000005.npz",
                                                                "ckpt_00000006.npz"]
