@@ -25,6 +25,12 @@ from trainer.resume import as_numpy, kept_checkpoint_note
 from trainer.run_dir import RunDirLock, lock_run_dir
 from trainer.versions import stack_versions, version_changes
 
+# Modules TensorFlow and Keras import, where installed, for features rank 0 never uses: JAX (for TFLite), pandas
+# (Keras's DataFrame inputs), OpenCV (Keras's drawing of bounding boxes). Hidden during TensorFlow's import only (an
+# env that imports one later still can): the import takes about 0.45 CPU-s and 45 MB less than with JAX alone hidden,
+# which saved 0.5 s and 110 MB itself (benchmarks/README.md, "Start-up and memory per rank").
+UNUSED_BY_RANK0 = ("jax", "pandas", "cv2")
+
 
 class Learner:
     """Rank 0's side: the TensorFlow actor-critic, the algorithm that updates it (--algo, built as algos.registry's
@@ -37,16 +43,13 @@ class Learner:
         self.cpus = mpi_util.cpus_available()
         self.threads = rank0_tensorflow_kernels(network_kind(obs), self.cpus, config.policy_lag, ranks_on_host)
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = str(self.threads["tf_enable_onednn_opts"])
-        # TensorFlow imports JAX when it is installed (for TFLite, unused here): 0.5 s and 110 MB more on rank 0.
-        # Hidden during TensorFlow's import only; an env that imports JAX later still can.
-        jax_hidden = "jax" not in sys.modules
-        if jax_hidden:
-            sys.modules["jax"] = None  # type: ignore[assignment]
+        hidden = [name for name in UNUSED_BY_RANK0 if name not in sys.modules]
+        sys.modules.update(dict.fromkeys(hidden))  # None: "import NAME" raises ImportError, which they expect
         try:
             mpi_util.setup_gpu(config.gpu_pct)  # imports TensorFlow, without its start-up log lines
         finally:
-            if jax_hidden:
-                del sys.modules["jax"]
+            for name in hidden:
+                del sys.modules[name]
         import tensorflow as tf
 
         from algos.policy import ActorCritic
