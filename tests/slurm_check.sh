@@ -42,6 +42,7 @@ STEP_LIMIT=300      # seconds any one job may take before it counts as failed
 # its ranks mostly asleep (with CartPole the budget had to exceed what the fastest machine seen learns, 26,900
 # steps/s, and took this one 2 minutes of both cores).
 REQUEUE_BATCH=4096
+REQUEUE_MINIBATCH=1024  # 4 minibatches an epoch instead of 64: rank 0's updates cost a fraction, the slow env still paces
 REQUEUE_STEPS=$((14 * REQUEUE_BATCH))
 REQUEUE_LIMIT=480   # seconds for the requeue step's job, all its runs and the waits between them
 PREEMPT_STEPS=$((5 * REQUEUE_BATCH))   # the preempt step's budget: preempted after its second iteration
@@ -378,10 +379,11 @@ if want requeue; then
     name="sbatch --time=2 slurm_train.sbatch (requeue)" start=$SECONDS
     logdir=$SCRATCH/runs/requeue out=$SCRATCH/out/requeue-%j.out
     say "\$ ${SLOW_ENV[*]} sbatch --parsable -O --time=2 --signal=B:USR1@75 --output $out" \
-        "examples/slurm_train.sbatch $SLOW_ENV_ID --total_steps $REQUEUE_STEPS -b $REQUEUE_BATCH --logdir $logdir"
+        "examples/slurm_train.sbatch $SLOW_ENV_ID --total_steps $REQUEUE_STEPS -b $REQUEUE_BATCH" \
+        "--minibatch_size $REQUEUE_MINIBATCH --logdir $logdir"
     job=$(env "${SLOW_ENV[@]}" PATH="$(dirname "$PYTHON"):$PATH" timeout 30 sbatch --parsable -O --time=2 \
         --signal=B:USR1@75 --output "$out" examples/slurm_train.sbatch "$SLOW_ENV_ID" --total_steps "$REQUEUE_STEPS" \
-        -b "$REQUEUE_BATCH" --logdir "$logdir" 2>&1)
+        -b "$REQUEUE_BATCH" --minibatch_size "$REQUEUE_MINIBATCH" --logdir "$logdir" 2>&1)
     if [[ ! "$job" =~ ^[0-9]+$ ]]; then
         record "$name" FAIL $((SECONDS - start)) "sbatch refused it: $job"
     else
@@ -427,10 +429,10 @@ if want preempt; then
     name="sbatch slurm_train.sbatch, preempted (requeue)" start=$SECONDS
     logdir=$SCRATCH/runs/preempt out=$SCRATCH/out/preempt-%j.out
     say "\$ ${SLOW_ENV[*]} sbatch --parsable -O --output $out examples/slurm_train.sbatch $SLOW_ENV_ID" \
-        "--total_steps $PREEMPT_STEPS -b $REQUEUE_BATCH --logdir $logdir"
+        "--total_steps $PREEMPT_STEPS -b $REQUEUE_BATCH --minibatch_size $REQUEUE_MINIBATCH --logdir $logdir"
     job=$(env "${SLOW_ENV[@]}" PATH="$(dirname "$PYTHON"):$PATH" timeout 30 sbatch --parsable -O --output "$out" \
         examples/slurm_train.sbatch "$SLOW_ENV_ID" --total_steps "$PREEMPT_STEPS" -b "$REQUEUE_BATCH" \
-        --logdir "$logdir" 2>&1)
+        --minibatch_size "$REQUEUE_MINIBATCH" --logdir "$logdir" 2>&1)
     if [[ ! "$job" =~ ^[0-9]+$ ]]; then
         record "$name" FAIL $((SECONDS - start)) "sbatch refused it: $job"
     else
