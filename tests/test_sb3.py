@@ -28,6 +28,9 @@ def test_one_process_gives_plain_sb3_results_bit_for_bit(tmp_path):
     assert "a2c: 19 arrays, differ from plain SB3: []; steps 160 160" in result.stdout, result.stdout
 
 
+# Tests that read one job's output (made by the first of them to run, in the worker's temporary directory) share an
+# xdist_group: one worker runs them, and the job runs once.
+@pytest.mark.xdist_group("sb3_two_ranks")
 @pytest.mark.parametrize(("algo", "n_steps"), [("ppo", 64), ("a2c", 16)])
 def test_two_ranks_rank0_trains_on_both_ranks_rollouts_in_rank_order(tmp_path_factory, algo, n_steps):
     out = tmp_path_factory.getbasetemp() / "sb3_two_ranks"
@@ -168,6 +171,7 @@ LEARNED = {"trpo": 60.0, "mask": 12.0, "rec": 0.9}
 
 
 @needs_contrib
+@pytest.mark.xdist_group("sb3_contrib_two_ranks")
 @pytest.mark.parametrize("algo", ["trpo", "mask", "rec"])
 def test_sb3_contrib_at_two_ranks_learns_on_both_ranks_rows_in_rank_order(tmp_path_factory, algo):
     out = tmp_path_factory.getbasetemp() / "sb3_contrib_two_ranks"
@@ -270,6 +274,7 @@ def ars_two_ranks(tmp_path_factory) -> tuple[dict[str, list[dict]], str]:
 
 
 @needs_contrib
+@pytest.mark.xdist_group("ars_two_ranks")
 def test_ars_at_two_ranks_shares_each_updates_candidates_and_every_rank_ends_with_rank_0s_weights_and_all_steps(
         tmp_path_factory):
     records, stdout = ars_two_ranks(tmp_path_factory)
@@ -293,6 +298,7 @@ def test_ars_at_two_ranks_shares_each_updates_candidates_and_every_rank_ends_wit
 
 
 @needs_contrib
+@pytest.mark.xdist_group("ars_two_ranks")
 def test_ars_at_two_ranks_takes_the_steps_of_one_process_when_a_return_depends_on_the_weights_alone(
         tmp_path_factory):
     _, stdout = ars_two_ranks(tmp_path_factory)
@@ -304,6 +310,7 @@ def test_ars_at_two_ranks_takes_the_steps_of_one_process_when_a_return_depends_o
 
 
 @needs_contrib
+@pytest.mark.xdist_group("ars_two_ranks")
 def test_ars_at_two_ranks_learns_cartpole(tmp_path_factory):
     records, stdout = ars_two_ranks(tmp_path_factory)
     assert "learns: ranks out of sync: []" in stdout, stdout
