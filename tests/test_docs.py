@@ -176,6 +176,10 @@ def built_page(site: Path, doc: Path) -> BuiltPage:
     return BuiltPage(html_path.read_text())
 
 
+SITE = pytest.mark.xdist_group("docs_site")  # the tests that read the built site: one worker builds it once
+
+
+@SITE
 @pytest.mark.timeout(240)
 def test_mkdocs_builds_the_guides_and_api_reference_without_warnings(site):
     api = (site / "api" / "index.html").read_text()
@@ -197,6 +201,7 @@ def test_api_reference_lists_every_export_in_the_order_a_user_meets_them():
     assert positions == sorted(positions), order
 
 
+@SITE
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("doc", DOCS, ids=lambda doc: doc.name)
 def test_code_blocks_and_nested_lists_of_each_page_survive_the_build(site, doc):
@@ -212,6 +217,7 @@ def test_code_blocks_and_nested_lists_of_each_page_survive_the_build(site, doc):
         "lists by 4 spaces")
 
 
+@SITE
 @pytest.mark.timeout(240)
 def test_no_angle_bracket_text_of_a_docstring_is_lost_in_the_api_reference(site):
     docstrings = rendered_docstrings()
