@@ -73,13 +73,13 @@ def run_mpi():
     return mpiexec
 
 
-# Modules whose tests take minutes, mostly waiting (a real Slurm's requeues, two namespace hosts, stall limits, the
-# trained runs one worker shares): collected first, in this order, so that pytest-xdist hands them out at the start
-# and the other worker runs the short tests meanwhile, instead of one worker running them alone at the end.
 # Tests that mostly wait (a real Slurm's time limit and requeue, stall limits running out, ranks slowed by sleeps) share
 # one xdist group: one of the three workers (pyproject.toml) runs them in turn, asleep most of the time, while the other
 # two keep both cores busy with the tests that compute.
 WAITS = pytest.mark.xdist_group("waits")
+# Modules whose tests take minutes (a real Slurm's requeues, two namespace hosts, stall limits, the trained runs one
+# worker shares): collected first, in this order, so that pytest-xdist hands them out at the start and the other
+# workers run the short tests meanwhile, instead of one worker running them alone at the end.
 STARTED_FIRST = ("test_slurm.py", "test_train.py", "test_multihost.py", "test_nothing_lost.py", "test_reliability.py")
 
 

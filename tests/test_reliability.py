@@ -138,8 +138,7 @@ def test_nan_reward_names_rank_and_step(tmp_path):
 # are test_nothing_lost's.
 @pytest.mark.parametrize("signum", [signal.SIGINT])
 def test_signal_stops_at_safe_point_with_checkpoint(tmp_path, signum):
-    common = ["Pendulum-v1", "--nprocs", "2", "--batch_size", "1024", "--checkpoint_every", "1000",
-              "--lr_schedule", "constant", *FEW_MINIBATCHES]
+    common = ["Pendulum-v1", "--nprocs", "2", "--batch_size", "1024", "--checkpoint_every", "1000", *FEW_MINIBATCHES]
     job = subprocess.Popen([sys.executable, TRAIN, *common, "--total_steps", "1000000", "--logdir",
                             str(tmp_path / "stopped")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
