@@ -128,12 +128,16 @@ def play_and_record(env: Any, actor: Any, seed: int, episodes: int, video_path: 
     """The episodes of --play with ``actor`` on ``env`` (seeded from the run's ``seed``), their returns printed, and
     the video written when asked; 0 on success, 2 when the video cannot be written."""
     fps = float(env.metadata.get("render_fps", 30))
+    strip = bool(video_path) and video_path.lower().endswith(".png")
     render_every = 1 if not video_path or video_path.lower().endswith(".mp4") else math.ceil(fps / GIF_MAX_FPS)
-    returns, frames, first_episode_frames = play_episodes(env, actor, seed, episodes, render_every if video_path else 0)
+    animated = bool(video_path) and not strip
+    returns, lengths, frames = play_episodes(env, actor, seed, episodes, render_every if animated else 0)
     print(f"mean return {np.mean(returns):.1f} over {episodes} episodes")
+    if strip:
+        frames = strip_frames(env, actor, seed, returns[0], lengths[0])
     if video_path:
         try:
-            write_video(Path(video_path), frames, first_episode_frames, fps / render_every)
+            write_video(Path(video_path), frames, fps / render_every)
         except Exception as error:  # imageio reports a missing ffmpeg backend in several ways
             print(f"train.py: error: cannot write {video_path} ({type(error).__name__}: {error}); for .mp4 "
                   "`pip install imageio-ffmpeg`, or write a .gif", file=sys.stderr)
@@ -210,14 +214,13 @@ def render_problem(env_id: str, error: Exception) -> str:
 
 
 def play_episodes(env: Any, actor: Any, seed: int, episodes: int,
-                  render_every: int) -> tuple[list[float], list[np.ndarray], int]:
+                  render_every: int) -> tuple[list[float], list[int], list[np.ndarray]]:
     """Play ``episodes`` deterministic episodes (seeds seed + 10000 + episode, as evaluation while training does),
     printing each return. With render_every > 0, keep a frame ((H, W, 3) uint8) every render_every steps: rendering
-    costs more than the step. Returns (the episodes' returns, the frames, how many of them belong to the first
-    episode)."""
+    costs more than the step. Returns (the episodes' returns, their lengths, the frames)."""
     from trainer.evaluate import FIRST_SEED, run_episode
 
-    returns, frames, first_episode_frames = [], [], 0
+    returns, lengths, frames = [], [], []
 
     def keep_frame(length: int) -> None:
         if length % render_every == 0:
@@ -226,10 +229,32 @@ def play_episodes(env: Any, actor: Any, seed: int, episodes: int,
     for episode in range(episodes):
         total, length = run_episode(env, actor, seed + FIRST_SEED + episode, keep_frame if render_every else None)
         returns.append(total)
-        if episode == 0:
-            first_episode_frames = len(frames)
+        lengths.append(length)
         print(f"episode {episode}: return {total:.1f}, length {length}")
-    return returns, frames, first_episode_frames
+    return returns, lengths, frames
+
+
+def strip_frames(env: Any, actor: Any, seed: int, total: float, length: int) -> list[np.ndarray]:
+    """STRIP_FRAMES frames ((H, W, 3) uint8) evenly spaced over the first episode, which played ``length`` steps
+    for a return of ``total``. The episode is played again from its seed, rendering only at those steps: rendering
+    every step of a 1,000-step MuJoCo episode took 8 s, the replay without them well under one. An env that does not
+    repeat an episode from its seed is said so, and the strip shows a third play, rendered at every step."""
+    from trainer.evaluate import FIRST_SEED, run_episode
+
+    steps = np.linspace(0, length, STRIP_FRAMES).round().astype(int)
+    rendered: dict[int, np.ndarray] = {}
+
+    def keep_frame(step: int) -> None:
+        if step in steps:
+            rendered[step] = env.render()
+
+    if run_episode(env, actor, seed + FIRST_SEED, keep_frame) == (total, length):
+        return [rendered[step] for step in steps]
+    every_step: list[np.ndarray] = []
+    total, length = run_episode(env, actor, seed + FIRST_SEED, lambda step: every_step.append(env.render()))
+    print(f"the env did not repeat episode 0 from its seed: the strip shows another play of it (return {total:.1f}, "
+          f"length {length})")
+    return [every_step[i] for i in np.linspace(0, length, STRIP_FRAMES).round().astype(int)]
 
 
 VIDEO_SUFFIXES = (".mp4", ".gif", ".png")
@@ -237,15 +262,14 @@ GIF_MAX_FPS = 25.0  # browsers slow down GIF frames shorter than 20 ms: .gif and
 STRIP_FRAMES = 8
 
 
-def write_video(path: Path, frames: list[np.ndarray], first_episode_frames: int, fps: float) -> None:
-    """Write frames (each (H, W, 3) uint8) to path, shown at ``fps``: .mp4 and .gif as animations, .png as a strip
-    of STRIP_FRAMES frames evenly spaced over the first episode (its first ``first_episode_frames``), left to right."""
+def write_video(path: Path, frames: list[np.ndarray], fps: float) -> None:
+    """Write frames (each (H, W, 3) uint8) to path, shown at ``fps``: .mp4 and .gif as animations, .png as the
+    frames side by side, left to right."""
     import imageio.v2 as imageio
 
     suffix = path.suffix.lower()
     if suffix == ".png":
-        picks = np.linspace(0, first_episode_frames - 1, STRIP_FRAMES).round().astype(int)
-        imageio.imwrite(path, np.concatenate([frames[i] for i in picks], axis=1))
+        imageio.imwrite(path, np.concatenate(frames, axis=1))
     elif suffix == ".gif":
         imageio.mimsave(path, frames, duration=1000.0 / fps, loop=0)
     else:
