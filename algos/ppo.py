@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from algos.adam import FusedAdam
-from algos.learner_batch import batch_specs, prepare_batch, unrolled_calls, weight_for_policy_lag
+from algos.learner_batch import batch_specs, graph_function, prepare_batch, unrolled_calls, weight_for_policy_lag
 from algos.policy import ActorCritic
 from algos.registry import ALGORITHMS
 from mpi_util import heartbeat
@@ -58,13 +58,13 @@ class PPO:
         self.clip_ratio = tf.Variable(cfg.clip_ratio, dtype=tf.float32, trainable=False, name="clip_ratio")
         obs_spec, act_spec = batch_specs(ac)
         params_spec = tf.TensorSpec([None, None], tf.float32)
-        self._old_policy = tf.function(self._old_policy_fn, input_signature=[obs_spec, act_spec])
+        self._old_policy = graph_function(self._old_policy_fn, input_signature=[obs_spec, act_spec])
         # Up to UNROLLED_STEPS minibatch steps per call, unrolled: on 64x64 networks the time goes to the number of ops
         # run, not to arithmetic, and a graph loop adds its own per step (see benchmarks/update.py). Traced once per
         # length of the rows a call takes (a whole epoch's, or UNROLLED_STEPS minibatches' and the rest's; see
         # learner_batch.unrolled_calls).
-        self._train_steps = tf.function(self._train_steps_fn)
-        self._batch_kl = tf.function(self._batch_kl_fn, input_signature=[params_spec, obs_spec])
+        self._train_steps = graph_function(self._train_steps_fn)
+        self._batch_kl = graph_function(self._batch_kl_fn, input_signature=[params_spec, obs_spec])
 
     def set_learning_rate(self, lr: float) -> None:
         """Adam's learning rate for the next updates (a schedule sets it before each update)."""

@@ -8,7 +8,14 @@ import numpy as np
 import tensorflow as tf
 
 from algos.adam import FusedAdam
-from algos.learner_batch import LearnerBatch, batch_specs, prepare_batch, unrolled_calls, weight_for_policy_lag
+from algos.learner_batch import (
+    LearnerBatch,
+    batch_specs,
+    graph_function,
+    prepare_batch,
+    unrolled_calls,
+    weight_for_policy_lag,
+)
 from algos.policy import ActorCritic
 from algos.registry import ALGORITHMS
 from mpi_util import heartbeat
@@ -58,18 +65,18 @@ class TRPO:
         row_spec = tf.TensorSpec([None], tf.float32)
         params_spec = tf.TensorSpec([None, None], tf.float32)
         flat_spec = tf.TensorSpec([None], tf.float32)
-        self._old_policy = tf.function(self._old_policy_fn, input_signature=[obs_spec, act_spec])
-        self._surrogate_grad = tf.function(
+        self._old_policy = graph_function(self._old_policy_fn, input_signature=[obs_spec, act_spec])
+        self._surrogate_grad = graph_function(
             self._surrogate_grad_fn, input_signature=[obs_spec, act_spec, row_spec, row_spec]
         )
-        self._fisher_vector_product = tf.function(
+        self._fisher_vector_product = graph_function(
             self._fisher_vector_product_fn, input_signature=[obs_spec, params_spec, flat_spec]
         )
-        self._policy_stats = tf.function(
+        self._policy_stats = graph_function(
             self._policy_stats_fn, input_signature=[obs_spec, act_spec, row_spec, row_spec, params_spec]
         )
         # Up to UNROLLED_STEPS minibatch steps per call, unrolled (see PPO).
-        self._vf_steps = tf.function(self._vf_steps_fn)
+        self._vf_steps = graph_function(self._vf_steps_fn)
 
     def update(
         self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray,
