@@ -161,7 +161,7 @@ def main() -> int:
     for run in runs:
         base = next(r for r in runs if r["repeat"] == run["repeat"] and r["variant"] == baseline)
         for key in RATIOS:
-            run[f"{key}_ratio"] = run[key] / base[key]
+            run[f"{key}_ratio"] = run[key] / base[key] if base[key] else math.nan  # no peak: one process, no ranks
     rows = []
     for name, _ in variants:
         mine = [r for r in runs if r["variant"] == name]
