@@ -138,43 +138,28 @@ def test_play_needs_no_tensorflow_and_writes_an_image_strip(learned_runs, tmp_pa
     assert image.std() > 10  # a rendered scene, not a blank image
 
 
-def test_strip_replays_the_first_episode_and_says_when_the_env_does_not_repeat_it(capsys):
-    # The strip renders only its frames, on a second play of episode 0 from its seed. Here each frame is filled with
-    # its step number. An env that ignores the seed (one step longer at each reset) is said so, and its strip is
-    # spaced over the episode of a third play.
-    import gymnasium
+def test_strip_frames_are_evenly_spaced_over_an_episode_of_any_length_without_rendering_every_step():
+    # The strip's recorder does not know the episode's length; each frame here is its step number.
+    from trainer.play import STRIP_FRAMES, StripRecorder
 
-    from algos.numpy_actor import actor_critic_state_like
-    from algos.spaces import action_spec, obs_spec
-    from trainer.play import strip_frames
+    class Screen:
+        renders, step = 0, 0
 
-    class Steps:
-        def __init__(self, grows: bool) -> None:
-            self.grows, self.resets, self.step_count = grows, 0, 0
-            self.observation_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
-            self.action_space = gymnasium.spaces.Discrete(2)
+        def render(self) -> int:
+            self.renders += 1
+            return self.step
 
-        def reset(self, seed: int):
-            self.resets, self.step_count = self.resets + 1, 0
-            return np.zeros(1, np.float32), {}
-
-        def step(self, action):
-            self.step_count += 1
-            done = self.step_count >= 20 + (self.resets if self.grows else 0)
-            return np.zeros(1, np.float32), 1.0, done, False, {}
-
-        def render(self):
-            return np.full((2, 3, 3), self.step_count, np.uint8)
-
-    for grows, total, played in ((False, 20.0, 20), (True, 21.0, 23)):
-        env = Steps(grows)
-        env.resets = 1 if grows else 0  # the first play was reset once already
-        obs, action = obs_spec(env.observation_space), action_spec(env.action_space)
-        actor = NumpyActor.from_ac_state(actor_critic_state_like(obs, action, (4,), False), (4,), obs, action)
-        frames = strip_frames(env, actor, seed=0, total=total, length=int(total))
-        assert [int(frame[0, 0, 0]) for frame in frames] == list(np.linspace(0, played, 8).round().astype(int))
-        said = capsys.readouterr().out
-        assert ("did not repeat episode 0" in said) == grows, said
+    for length in (0, 3, 31, 32, 100, 1000, 27000):
+        screen = Screen()
+        recorder = StripRecorder(screen)
+        for screen.step in range(length + 1):
+            recorder(screen.step)
+        steps = recorder.strip()
+        assert len(steps) == STRIP_FRAMES and steps[0] == 0 and steps == sorted(steps), (length, steps)
+        assert steps[-1] > length - max(1, length / 16), (length, steps)  # the episode's end is in the strip
+        gaps = np.diff(steps)
+        assert gaps.max() - gaps.min() <= recorder.stride, (length, steps)  # evenly spaced, to within a stride
+        assert screen.renders <= 4 * STRIP_FRAMES + 16 * np.log2(max(length, 16) / 16), (length, screen.renders)
 
 
 @pytest.mark.xdist_group("learned_runs")

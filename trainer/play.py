@@ -130,11 +130,12 @@ def play_and_record(env: Any, actor: Any, seed: int, episodes: int, video_path: 
     fps = float(env.metadata.get("render_fps", 30))
     strip = bool(video_path) and video_path.lower().endswith(".png")
     render_every = 1 if not video_path or video_path.lower().endswith(".mp4") else math.ceil(fps / GIF_MAX_FPS)
-    animated = bool(video_path) and not strip
-    returns, lengths, frames = play_episodes(env, actor, seed, episodes, render_every if animated else 0)
+    recorder = StripRecorder(env) if strip else None
+    returns, frames = play_episodes(env, actor, seed, episodes, render_every if video_path and not strip else 0,
+                                    recorder)
     print(f"mean return {np.mean(returns):.1f} over {episodes} episodes")
-    if strip:
-        frames = strip_frames(env, actor, seed, returns[0], lengths[0])
+    if recorder is not None:
+        frames = recorder.strip()
     if video_path:
         try:
             write_video(Path(video_path), frames, fps / render_every)
@@ -213,48 +214,48 @@ def render_problem(env_id: str, error: Exception) -> str:
             "MUJOCO_GL=osmesa (needs libosmesa6)")
 
 
-def play_episodes(env: Any, actor: Any, seed: int, episodes: int,
-                  render_every: int) -> tuple[list[float], list[int], list[np.ndarray]]:
+def play_episodes(env: Any, actor: Any, seed: int, episodes: int, render_every: int,
+                  recorder: StripRecorder | None = None) -> tuple[list[float], list[np.ndarray]]:
     """Play ``episodes`` deterministic episodes (seeds seed + 10000 + episode, as evaluation while training does),
     printing each return. With render_every > 0, keep a frame ((H, W, 3) uint8) every render_every steps: rendering
-    costs more than the step. Returns (the episodes' returns, their lengths, the frames)."""
+    costs more than the step. A ``recorder`` sees the first episode's steps. Returns (the episodes' returns, the
+    frames)."""
     from trainer.evaluate import FIRST_SEED, run_episode
 
-    returns, lengths, frames = [], [], []
+    returns, frames = [], []
 
     def keep_frame(length: int) -> None:
         if length % render_every == 0:
             frames.append(env.render())
 
     for episode in range(episodes):
-        total, length = run_episode(env, actor, seed + FIRST_SEED + episode, keep_frame if render_every else None)
+        on_step = recorder if recorder is not None and episode == 0 else keep_frame if render_every else None
+        total, length = run_episode(env, actor, seed + FIRST_SEED + episode, on_step)
         returns.append(total)
-        lengths.append(length)
         print(f"episode {episode}: return {total:.1f}, length {length}")
-    return returns, lengths, frames
+    return returns, frames
 
 
-def strip_frames(env: Any, actor: Any, seed: int, total: float, length: int) -> list[np.ndarray]:
-    """STRIP_FRAMES frames ((H, W, 3) uint8) evenly spaced over the first episode, which played ``length`` steps
-    for a return of ``total``. The episode is played again from its seed, rendering only at those steps: rendering
-    every step of a 1,000-step MuJoCo episode took 8 s, the replay without them well under one. An env that does not
-    repeat an episode from its seed is said so, and the strip shows a third play, rendered at every step."""
-    from trainer.evaluate import FIRST_SEED, run_episode
+class StripRecorder:
+    """The frames of a .png strip: STRIP_FRAMES frames ((H, W, 3) uint8) evenly spaced over an episode whose length
+    is not known in advance, without rendering every step (a 1,000-step MuJoCo episode rendered at every step took 8
+    of --play's 9 s). Called with each step number (0 after the reset), it renders every ``stride`` steps; when it
+    holds 4 * STRIP_FRAMES frames it drops every other one and doubles the stride. So it renders about
+    16 * log2(length / 16) frames, and what it holds covers the episode at an even stride to within 1/16 of its
+    length."""
 
-    steps = np.linspace(0, length, STRIP_FRAMES).round().astype(int)
-    rendered: dict[int, np.ndarray] = {}
+    def __init__(self, env: Any) -> None:
+        self.env, self.stride, self.kept = env, 1, []
 
-    def keep_frame(step: int) -> None:
-        if step in steps:
-            rendered[step] = env.render()
+    def __call__(self, step: int) -> None:
+        if step % self.stride == 0:
+            self.kept.append(self.env.render())
+            if len(self.kept) == 4 * STRIP_FRAMES:
+                self.kept, self.stride = self.kept[::2], 2 * self.stride
 
-    if run_episode(env, actor, seed + FIRST_SEED, keep_frame) == (total, length):
-        return [rendered[step] for step in steps]
-    every_step: list[np.ndarray] = []
-    total, length = run_episode(env, actor, seed + FIRST_SEED, lambda step: every_step.append(env.render()))
-    print(f"the env did not repeat episode 0 from its seed: the strip shows another play of it (return {total:.1f}, "
-          f"length {length})")
-    return [every_step[i] for i in np.linspace(0, length, STRIP_FRAMES).round().astype(int)]
+    def strip(self) -> list[np.ndarray]:
+        """STRIP_FRAMES of the kept frames, evenly spaced, the first frame first (repeats for very short episodes)."""
+        return [self.kept[i] for i in np.linspace(0, len(self.kept) - 1, STRIP_FRAMES).round().astype(int)]
 
 
 VIDEO_SUFFIXES = (".mp4", ".gif", ".png")
