@@ -128,17 +128,17 @@ def play_and_record(env: Any, actor: Any, seed: int, episodes: int, video_path: 
     """The episodes of --play with ``actor`` on ``env`` (seeded from the run's ``seed``), their returns printed, and
     the video written when asked; 0 on success, 2 when the video cannot be written."""
     fps = float(env.metadata.get("render_fps", 30))
-    strip = bool(video_path) and video_path.lower().endswith(".png")
-    render_every = 1 if not video_path or video_path.lower().endswith(".mp4") else math.ceil(fps / GIF_MAX_FPS)
-    recorder = StripRecorder(env) if strip else None
-    returns, frames = play_episodes(env, actor, seed, episodes, render_every if video_path and not strip else 0,
-                                    recorder)
+    suffix = Path(video_path).suffix.lower() if video_path else ""
+    recorder = StripRecorder(env) if suffix == ".png" else None
+    # The frames of an animation: every one for .mp4, every k-th for .gif (GIF_MAX_FPS); none otherwise.
+    render_every = 1 if suffix == ".mp4" else math.ceil(fps / GIF_MAX_FPS) if suffix == ".gif" else 0
+    returns, frames = play_episodes(env, actor, seed, episodes, render_every, recorder)
     print(f"mean return {np.mean(returns):.1f} over {episodes} episodes")
     if recorder is not None:
         frames = recorder.strip()
     if video_path:
         try:
-            write_video(Path(video_path), frames, fps / render_every)
+            write_video(Path(video_path), frames, fps / max(render_every, 1))
         except Exception as error:  # imageio reports a missing ffmpeg backend in several ways
             print(f"train.py: error: cannot write {video_path} ({type(error).__name__}: {error}); for .mp4 "
                   "`pip install imageio-ffmpeg`, or write a .gif", file=sys.stderr)
@@ -229,7 +229,11 @@ def play_episodes(env: Any, actor: Any, seed: int, episodes: int, render_every: 
             frames.append(env.render())
 
     for episode in range(episodes):
-        on_step = recorder if recorder is not None and episode == 0 else keep_frame if render_every else None
+        on_step = None
+        if recorder is not None and episode == 0:
+            on_step = recorder
+        elif render_every:
+            on_step = keep_frame
         total, length = run_episode(env, actor, seed + FIRST_SEED + episode, on_step)
         returns.append(total)
         print(f"episode {episode}: return {total:.1f}, length {length}")
