@@ -10,7 +10,7 @@ import tensorflow as tf
 from algos.networks import build_cnn, build_cnn_torso, build_head, build_mlp
 from algos.normalizer import RunningMeanStd
 from algos.numpy_actor import NumpyActor
-from algos.spaces import ActionSpec, ObsSpec, action_spec
+from algos.spaces import PRECISIONS, ActionSpec, ObsSpec, action_spec
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -23,6 +23,8 @@ class ActorCritic:
             torso that both heads share: ``shared_torso``).
         shared_torso: images only: pi_net and v_net are linear heads (pi_head, v_head) on one CNN torso (torso), as
             in the PPO paper's Atari networks; forward() runs the torso once for both.
+        precision: images only: what the CNN layers compute in, "float32" or "bfloat16" (float32 weights either
+            way; algos.networks.build_cnn_torso).
         action: how the policy acts (algos.spaces.ActionSpec).
         is_discrete: True for categorical actions (Discrete, MultiDiscrete, MultiBinary), False for a Box (diagonal
             Gaussian).
@@ -44,6 +46,7 @@ class ActorCritic:
         hidden: tuple[int, ...],
         init_log_std: float = 0.0,
         shared_torso: bool = False,
+        precision: str = PRECISIONS[0],
     ) -> None:
         self.obs = observation if isinstance(observation, ObsSpec) else ObsSpec((int(observation),))
         try:
@@ -58,15 +61,17 @@ class ActorCritic:
             raise ValueError("a shared torso is a CNN's: observations must be images")
         self.shared_torso = shared_torso
         if shared_torso:
-            self.torso = build_cnn_torso(self.obs)
+            self.torso = build_cnn_torso(self.obs, precision)
             self.pi_head, self.v_head = build_head(self.act_dim, output_gain=0.01), build_head(1, output_gain=1.0)
             inputs = keras.Input(shape=self.obs.shape, dtype="uint8")
             features = self.torso(inputs)
             self.pi_net = keras.Model(inputs, self.pi_head(features))
             self.v_net = keras.Model(inputs, self.v_head(features))
         elif self.obs.is_image:
-            self.pi_net = build_cnn(self.obs, self.act_dim, output_gain=0.01)
-            self.v_net = build_cnn(self.obs, 1, output_gain=1.0)
+            self.pi_net = build_cnn(self.obs, self.act_dim, output_gain=0.01, precision=precision)
+            self.v_net = build_cnn(self.obs, 1, output_gain=1.0, precision=precision)
+        elif precision != PRECISIONS[0]:
+            raise ValueError(f"precision {precision} is for CNN torsos: observations must be images")
         else:
             self.pi_net = build_mlp(self.obs_dim, self.act_dim, hidden, output_gain=0.01)
             self.v_net = build_mlp(self.obs_dim, 1, hidden, output_gain=1.0)

@@ -65,6 +65,11 @@ def conv_layers(image_shape: tuple[int, ...]) -> tuple[tuple[tuple[int, int, int
     return ((16, 3, 1),), 128
 
 
+PRECISIONS = ("float32", "bfloat16")
+"""What an image network's CNN layers may compute in (algos.networks.build_cnn_torso's ``precision``); the first is
+the default, of train.py's --precision too."""
+
+
 def network_kind(obs: ObsSpec) -> str:
     """The kind of network that reads ``obs``: "mlp" for vectors, "nature_cnn" or "small_cnn" (conv_layers) for
     images."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 import shutil
 import statistics
 import sys
@@ -84,6 +85,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.add_argument(f"--{name}", type=type(default), default=default,
                             help=f"train.py's --{name} for ours, stable-baselines3 and, on an ALE game, the "
                                  "CleanRL-style PPO (default: %(default)s)")
+    parser.add_argument("--train_args", default="",
+                        help="more train.py arguments for ours, one string (e.g. '--precision bfloat16')")
     parser.add_argument("--concurrent", action="store_true",
                         help="run a repeat's runs at the same time (learning curves: steps/s then share the cores)")
     args = parser.parse_args(argv)
@@ -138,7 +141,8 @@ def summarize_peer(record: dict[str, Any], system: str, nprocs: int, warmup: int
 def summarize_ours(run: Any, args: argparse.Namespace) -> dict[str, Any]:
     """summarize_peer's figures for a train.py run: rollout = rollout + gather, update = update + broadcast."""
     s = summarize_run(run, args.warmup, args.tail, os.cpu_count() or 1)
-    return {"system": f"train.py --nprocs {run.nprocs}", "nprocs": run.nprocs, "iterations": s["iterations"],
+    system = f"train.py --nprocs {run.nprocs}" + (f" {args.train_args}" if args.train_args else "")
+    return {"system": system, "nprocs": run.nprocs, "iterations": s["iterations"],
             "steps_per_s": s["steps_per_s"], "steps_per_s_whole_loop": s["steps_per_s_whole_loop"],
             "t_rollout": s["t_sampling"], "t_update": s["t_update"] + s["t_bcast"], "t_other": s["t_other"],
             "grad_steps_per_iter": s["epochs_mean"] * math.ceil(args.batch_size / args.minibatch_size),
@@ -178,7 +182,8 @@ def run_job(args: argparse.Namespace, system: str, n: int, workdir: Path, seed: 
     """One run: its summary, its return curve and the versions it ran with."""
     work = [f"--{name}={getattr(args, name)}" for name in WORK_DEFAULTS]
     if system == "ours":
-        run = run_train(args.env, n, args.total_steps, workdir, args.timeout, ["--seed", str(seed), *work])
+        run = run_train(args.env, n, args.total_steps, workdir, args.timeout,
+                        ["--seed", str(seed), *work, *shlex.split(args.train_args)])
         return (summarize_ours(run, args),
                 ([r["total_steps"] for r in run.rows], [r["ep_return_mean"] for r in run.rows]), {})
     json_path = workdir / f"{system}.json"

@@ -61,9 +61,10 @@ def turn_off(lever: str) -> None:
         algos.ppo.PPO._train_steps_fn = steps
 
 
-def image_ppo(network: str, shared_torso: bool) -> tuple[Any, tuple]:
+def image_ppo(network: str, shared_torso: bool, precision: str) -> tuple[Any, tuple]:
     """PPO on an image ActorCritic with train.py's defaults for that env (``network``: minatar or pong, see --kernels)
-    but target_kl=None, seed 0, and the fixed batch of random images and actions it is timed on."""
+    but target_kl=None, its CNN computing in ``precision``, seed 0, and the fixed batch of random images and actions it
+    is timed on."""
     import keras
     import numpy as np
 
@@ -72,7 +73,7 @@ def image_ppo(network: str, shared_torso: bool) -> tuple[Any, tuple]:
 
     keras.utils.set_random_seed(0)
     obs, actions = (ObsSpec((84, 84, 4), 1 / 255), 6) if network == "pong" else (ObsSpec((10, 10, 4)), 3)
-    ac = ActorCritic(obs, ActionSpec((), (actions,)), hidden=(64, 64), shared_torso=shared_torso)
+    ac = ActorCritic(obs, ActionSpec((), (actions,)), hidden=(64, 64), shared_torso=shared_torso, precision=precision)
     rows, work = (1024, {"epochs": 4, "minibatch_size": 256}) if network == "pong" else (2048, {})
     ppo = PPO(ac, PPOConfig(target_kl=None, **work), seed=0)
     rng = np.random.default_rng(0)
@@ -102,7 +103,7 @@ def walker2d_ppo() -> tuple[Any, tuple]:
     return ppo, batch
 
 
-def child(intra_threads: int, lever: str, updates: int, network: str, shared_torso: bool) -> None:
+def child(intra_threads: int, lever: str, updates: int, network: str, shared_torso: bool, precision: str) -> None:
     """Time ``updates`` PPO updates, back to back; print {"t_update": [s, ...]} as JSON. TF_ENABLE_ONEDNN_OPTS is in
     the environment already; TensorFlow's threads are set as train.py sets them (inter-op min(2, CPUs), deterministic
     ops)."""
@@ -114,7 +115,7 @@ def child(intra_threads: int, lever: str, updates: int, network: str, shared_tor
     tf.config.experimental.enable_op_determinism()
     if lever not in ("", "intra_all", "onednn_on"):
         turn_off(lever)
-    ppo, batch = walker2d_ppo() if network == "walker2d" else image_ppo(network, shared_torso)
+    ppo, batch = walker2d_ppo() if network == "walker2d" else image_ppo(network, shared_torso, precision)
     for _ in range(2):
         ppo.update(*batch)
     times = []
@@ -125,18 +126,19 @@ def child(intra_threads: int, lever: str, updates: int, network: str, shared_tor
     print(json.dumps({"t_update": times}))
 
 
-def run_variant(name: str, lever: str, intra: int, onednn: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_variant(name: str, lever: str, intra: int, onednn: str, args: argparse.Namespace,
+                precision: str = "float32") -> dict[str, Any]:
     env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn}
     load = load_average()
     result = subprocess.run(
         [sys.executable, __file__, "--child", "--intra", str(intra), "--lever", lever, "--updates", str(args.updates),
-         "--kernels", args.kernels or "walker2d", "--torso", args.torso],
+         "--kernels", args.kernels or "walker2d", "--torso", args.torso, "--precision", precision],
         capture_output=True, text=True, env=env, timeout=1800, check=False)
     if result.returncode != 0:
         raise SystemExit(f"update.py: {name} failed:\n{result.stderr[-3000:]}")
     times = json.loads(result.stdout.strip().splitlines()[-1])["t_update"]
     return {"variant": name, "t_update_s": median(times), "t_update_min_s": min(times), "intra_op_threads": intra,
-            "onednn": onednn, "load_before": load}
+            "onednn": onednn, "precision": precision, "load_before": load}
 
 
 def parse_args() -> argparse.Namespace:
@@ -149,6 +151,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--torso", choices=("shared", "separate"), default="shared",
                         help="with --kernels minatar or pong: one CNN torso under both heads, or two CNNs "
                              "(default: %(default)s)")
+    parser.add_argument("--precisions", action="store_true",
+                        help="with --kernels minatar or pong: time the CNN in float32 and in bfloat16 (train.py's "
+                             "--precision), each at the kernels train.py chooses for that network")
+    parser.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--intra", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--lever", default="", help=argparse.SUPPRESS)
@@ -158,7 +164,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     if args.child:
-        child(args.intra, args.lever, args.updates, args.kernels, args.torso == "shared")
+        child(args.intra, args.lever, args.updates, args.kernels, args.torso == "shared", args.precision)
         return 0
     levers = [lever for lever in args.levers.split(",") if lever]
     unknown = sorted(set(levers) - set(LEVERS))
@@ -167,15 +173,24 @@ def main() -> int:
     started = time.monotonic()
     runs = []
     cpus = os.cpu_count() or 1
-    # (name, lever turned off, intra-op threads, TF_ENABLE_ONEDNN_OPTS)
-    variants = [("now", "", 1, "0")] + [(LABELS[lever], lever, cpus if lever == "intra_all" else 1,
-                                         "1" if lever == "onednn_on" else "0") for lever in levers]
+    # (name, lever turned off, intra-op threads, TF_ENABLE_ONEDNN_OPTS, precision)
+    variants = [("now", "", 1, "0", "float32")] + [
+        (LABELS[lever], lever, cpus if lever == "intra_all" else 1, "1" if lever == "onednn_on" else "0", "float32")
+        for lever in levers]
     if args.kernels:
-        variants = [("now" if (intra, onednn) == (1, "0") else f"{intra} thread(s), oneDNN {onednn}", "", intra, onednn)
-                    for intra in (1, cpus) for onednn in ("0", "1")]
+        variants = [("now" if (intra, onednn) == (1, "0") else f"{intra} thread(s), oneDNN {onednn}", "", intra, onednn,
+                     "float32") for intra in (1, cpus) for onednn in ("0", "1")]
+    if args.precisions:
+        if args.kernels not in ("minatar", "pong"):
+            raise SystemExit("update.py: error: --precisions needs --kernels minatar or pong")
+        from trainer.kernels import rank0_tensorflow_kernels
+
+        chosen = rank0_tensorflow_kernels({"minatar": "small_cnn", "pong": "nature_cnn"}[args.kernels], cpus, 0, 1)
+        intra, onednn = chosen["tf_intra_op_threads"], str(chosen["tf_enable_onednn_opts"])
+        variants = [("now", "", intra, onednn, "float32"), ("bfloat16", "", intra, onednn, "bfloat16")]
     for repeat in range(args.repeats):
-        for name, lever, intra, onednn in variants if repeat % 2 == 0 else variants[::-1]:
-            run = {**run_variant(name, lever, intra, onednn, args), "repeat": repeat}
+        for name, lever, intra, onednn, precision in variants if repeat % 2 == 0 else variants[::-1]:
+            run = {**run_variant(name, lever, intra, onednn, args, precision), "repeat": repeat}
             runs.append(run)
             print(f"repeat {repeat} {name}: t_update {run['t_update_s'] * 1000:.1f} ms", flush=True)
     for run in runs:
@@ -184,10 +199,10 @@ def main() -> int:
     rows = []
     for name, *_ in variants:
         mine = [r for r in runs if r["variant"] == name]
-        rows.append([name, mine[0]["intra_op_threads"], mine[0]["onednn"],
+        rows.append([name, mine[0]["intra_op_threads"], mine[0]["onednn"], mine[0]["precision"],
                      fmt(median([r["t_update_s"] for r in mine]) * 1000, 1),
                      ", ".join(f"{r['ratio_to_now']:.2f}" for r in mine)])
-    text = table(["variant", "intra-op threads", "TF_ENABLE_ONEDNN_OPTS", "t_update (ms, median)",
+    text = table(["variant", "intra-op threads", "TF_ENABLE_ONEDNN_OPTS", "precision", "t_update (ms, median)",
                   "t_update / now (per repeat)"], rows)
     work = ("a fixed 1,024-row batch, 4 epochs x 4 minibatches of 256" if args.kernels == "pong"
             else "a fixed 2,048-row batch, 10 epochs x 32 minibatches")

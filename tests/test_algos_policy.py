@@ -268,6 +268,45 @@ def test_image_policies_worker_state_and_actor_agree_with_the_learner(obs, space
         NumpyActor.from_ac_state(learner, (64, 64), obs, action_spec(space), not shared_torso)
 
 
+@pytest.mark.parametrize("shared_torso", [True, False], ids=["shared", "separate"])
+def test_a_bfloat16_cnn_starts_from_the_same_float32_weights_computes_in_bfloat16_and_its_update_trains_them(
+        shared_torso):
+    from algos import PPO, PPOConfig
+
+    obs = IMAGES[0]
+    nets = {}
+    for precision in ("float32", "bfloat16"):
+        keras.utils.set_random_seed(3)
+        nets[precision] = ActorCritic(obs, DISCRETE, hidden=(64, 64), shared_torso=shared_torso, precision=precision)
+    full, half = nets["float32"], nets["bfloat16"]
+    for mine, theirs in zip(half.variables(), full.variables(), strict=True):
+        assert mine.dtype == tf.float32
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+    images = tf.constant(np.random.default_rng(3).integers(0, 256, size=(16, *obs.shape), dtype=np.uint8))
+    (logits_half, value_half), (logits_full, value_full) = half.forward(images), full.forward(images)
+    assert logits_half.dtype == value_half.dtype == tf.float32
+    for got, expected in ((logits_half, logits_full), (value_half, value_full)):
+        error = np.abs(got.numpy() - expected.numpy()).max()
+        # bfloat16 keeps 8 bits of mantissa: off by more than float32's rounding, by less than 3% of the outputs.
+        assert 1e-5 * np.abs(expected.numpy()).max() < error < 0.03 * np.abs(expected.numpy()).max(), error
+    rng = np.random.default_rng(4)
+    batch = (images.numpy(), rng.integers(0, 4, 16), rng.normal(size=16), rng.normal(size=16))
+    before = [v.numpy() for v in half.variables()]
+    stats = PPO(half, PPOConfig(epochs=2, minibatch_size=8), seed=0).update(*batch)
+    assert all(math.isfinite(value) for value in stats.values()), stats
+    after = half.variables()
+    assert all(v.dtype == tf.float32 for v in after)
+    assert all(not np.array_equal(b, a.numpy()) for b, a in zip(before, after, strict=True))
+    # The same seed, threads and CPU: the same weights, to the last bit.
+    keras.utils.set_random_seed(3)
+    again = ActorCritic(obs, DISCRETE, hidden=(64, 64), shared_torso=shared_torso, precision="bfloat16")
+    PPO(again, PPOConfig(epochs=2, minibatch_size=8), seed=0).update(*batch)
+    for mine, theirs in zip(again.variables(), after, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+    with pytest.raises(ValueError, match="^precision bfloat16 is for CNN torsos: observations must be images$"):
+        ActorCritic(5, DISCRETE, hidden=(16, 16), precision="bfloat16")
+
+
 def test_log_prob_entropy_kl_of_several_categoricals_are_sums_over_them():
     # MultiDiscrete([3, 2, 4]): three independent categoricals over the logits' three slices.
     ac = actor_critic(MULTI)

@@ -176,3 +176,18 @@ def test_tensorflow_installed_twice_is_refused_in_one_line(tmp_path):
         "train.py: error: tensorflow and tensorflow-cpu are both installed, and each overwrote the other's files: pip "
         "uninstall -y tensorflow tensorflow-cpu, then pip install -e '.[rl]' (or '.[gpu]' on a machine with an NVIDIA "
         "GPU) in this checkout"], result.stderr
+
+
+def test_bfloat16_is_refused_in_one_line_for_vectors_and_on_a_cpu_without_its_instructions():
+    from trainer.config import check_config, check_precision
+
+    with pytest.raises(ValueError, match=r"^--precision bfloat16 is for image observations \(a CNN's layers\); "
+                                         r"CartPole-v1 has vectors: drop --precision$"):
+        check_config(TrainConfig(env_id="CartPole-v1", precision="bfloat16", lr=1e-3))
+    avx2 = "sse4_2 avx avx2 fma"
+    with pytest.raises(ValueError, match=r"^--precision bfloat16 needs a CPU with AVX512_BF16 or AMX instructions, "
+                                         r"and this one \(Intel Xeon E5\) has neither: drop --precision$"):
+        check_precision("bfloat16", "MinAtar/Breakout-v1", True, "Intel Xeon E5", avx2)
+    for flags in (f"{avx2} avx512f avx512_bf16", f"{avx2} avx512f avx512_bf16 amx_tile", f"{avx2} amx_tile"):
+        check_precision("bfloat16", "MinAtar/Breakout-v1", True, "a CPU with them", flags)
+    check_precision("float32", "CartPole-v1", False, "any CPU", "")
