@@ -60,7 +60,7 @@ def build_head(out_dim: int, output_gain: float) -> keras.layers.Dense:
                               bias_initializer="zeros")
 
 
-def _torso_layers(obs: ObsSpec, inputs: keras.KerasTensor, precision: str = PRECISIONS[0]) -> keras.KerasTensor:
+def _torso_layers(obs: ObsSpec, inputs: keras.KerasTensor, precision: str) -> keras.KerasTensor:
     """build_cnn_torso's layers applied to ``inputs``, computing in ``precision`` (PRECISIONS), float32 out."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
