@@ -5,7 +5,8 @@ TensorFlow's kernels and threads per kind of network (benchmarks/README.md, sect
 one kind of network, each on the work train.py gives it by default: walker2d (64x64 MLPs, 2,048 rows, 10 epochs of
 64), minatar (the one-layer CNN of MinAtar's 10x10x4 boards, the same work) or pong (the Nature CNN on 84x84x4
 frames, the Atari work: 1,024 rows, 4 epochs of 256); the image networks with one shared torso, and with two CNNs
-under --torso separate.
+under --torso separate. With --precisions, an image network instead runs in float32 and in bfloat16 (train.py's
+--precision), both at the kernels train.py chooses for it.
 
 Every variant runs in its own process: Walker2d-v5's ActorCritic, PPO with the default hyperparameters but
 target_kl=None (every update runs all 10 epochs), one fixed batch of 2,048 random rows; two warm-up updates, then the
