@@ -194,15 +194,16 @@ def check_env_spaces(env_id: str) -> bool:
 BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_tile")
 
 
-def check_precision(precision: str, env_id: str, is_image: bool, cpu_model: str, cpu_flags: str) -> None:
+def check_precision(precision: str, env_id: str, is_image: bool, cpu: tuple[str, str] | None = None) -> None:
     """ValueError with a one-line reason when --precision bfloat16 cannot run as its help says: an env without images
-    (an MLP has no CNN layers), or a CPU (``cpu_model``; ``cpu_flags``, space-separated) without bfloat16
-    instructions."""
+    (an MLP has no CNN layers), or a CPU without bfloat16 instructions. ``cpu``: (model, flags space-separated), read
+    from this machine (trainer.versions.cpu_model_and_flags) only for a precision other than the default."""
     if precision == PRECISIONS[0]:
         return
     if not is_image:
         raise ValueError(f"--precision {precision} is for image observations (a CNN's layers); {env_id} has vectors: "
                          "drop --precision")
+    cpu_model, cpu_flags = cpu or cpu_model_and_flags()
     if not set(cpu_flags.split()) & set(BFLOAT16_CPU_FLAGS):
         raise ValueError(f"--precision {precision} needs a CPU with AVX512_BF16 or AMX instructions, and this one "
                          f"({cpu_model}) has neither: drop --precision")
@@ -382,4 +383,4 @@ def check_config(config: TrainConfig) -> None:
         raise ValueError(f"--lr must be > 0, got {config.lr}")
     if config.track and importlib.util.find_spec("wandb") is None:
         raise ValueError("--track needs wandb: pip install -c constraints.txt -e '.[track]'")
-    check_precision(config.precision, config.env_id, check_env_spaces(config.env_id), *cpu_model_and_flags())
+    check_precision(config.precision, config.env_id, check_env_spaces(config.env_id))
