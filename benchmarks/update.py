@@ -174,13 +174,7 @@ def main() -> int:
     started = time.monotonic()
     runs = []
     cpus = os.cpu_count() or 1
-    # (name, lever turned off, intra-op threads, TF_ENABLE_ONEDNN_OPTS, precision)
-    variants = [("now", "", 1, "0", "float32")] + [
-        (LABELS[lever], lever, cpus if lever == "intra_all" else 1, "1" if lever == "onednn_on" else "0", "float32")
-        for lever in levers]
-    if args.kernels:
-        variants = [("now" if (intra, onednn) == (1, "0") else f"{intra} thread(s), oneDNN {onednn}", "", intra, onednn,
-                     "float32") for intra in (1, cpus) for onednn in ("0", "1")]
+    # Variants: (name, lever turned off, intra-op threads, TF_ENABLE_ONEDNN_OPTS, precision)
     if args.precisions:
         if args.kernels not in ("minatar", "pong"):
             raise SystemExit("update.py: error: --precisions needs --kernels minatar or pong")
@@ -189,6 +183,13 @@ def main() -> int:
         chosen = rank0_tensorflow_kernels({"minatar": "small_cnn", "pong": "nature_cnn"}[args.kernels], cpus, 0, 1)
         intra, onednn = chosen["tf_intra_op_threads"], str(chosen["tf_enable_onednn_opts"])
         variants = [("now", "", intra, onednn, "float32"), ("bfloat16", "", intra, onednn, "bfloat16")]
+    elif args.kernels:
+        variants = [("now" if (intra, onednn) == (1, "0") else f"{intra} thread(s), oneDNN {onednn}", "", intra, onednn,
+                     "float32") for intra in (1, cpus) for onednn in ("0", "1")]
+    else:
+        variants = [("now", "", 1, "0", "float32")] + [
+            (LABELS[lever], lever, cpus if lever == "intra_all" else 1, "1" if lever == "onednn_on" else "0",
+             "float32") for lever in levers]
     for repeat in range(args.repeats):
         for name, lever, intra, onednn, precision in variants if repeat % 2 == 0 else variants[::-1]:
             run = {**run_variant(name, lever, intra, onednn, args, precision), "repeat": repeat}
