@@ -34,9 +34,13 @@ def numpy_mlp_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
 
 
 def conv2d(x: np.ndarray, kernel: np.ndarray, stride: int) -> np.ndarray:
-    """A valid-padding convolution as one matrix product (im2col on BLAS): x (N, H, W, C) float32, kernel
-    (k, k, C, F) as Keras holds it -> (N, Ho, Wo, F) float32."""
+    """A valid-padding convolution: x (N, H, W, C) float32, kernel (k, k, C, F) as Keras holds it -> (N, Ho, Wo, F)
+    float32. A stride that divides the kernel and is above 1 (the Nature CNN's 8/4 and 4/2) goes by blocks
+    (conv2d_by_blocks); any other by one matrix product over every k x k window (im2col on BLAS), which is faster
+    for the small images of MinAtar's 3x3 layer."""
     k = kernel.shape[0]
+    if stride > 1 and k % stride == 0:
+        return conv2d_by_blocks(x, kernel, stride)
     windows = np.lib.stride_tricks.sliding_window_view(x, (k, k), axis=(1, 2))[:, ::stride, ::stride]
     n, ho, wo = windows.shape[:3]
     # windows: (N, Ho, Wo, C, k, k); the kernel's rows in the same (C, k, k) order.
@@ -44,8 +48,36 @@ def conv2d(x: np.ndarray, kernel: np.ndarray, stride: int) -> np.ndarray:
     return np.dot(columns, kernel.transpose(2, 0, 1, 3).reshape(-1, kernel.shape[3])).reshape(n, ho, wo, -1)
 
 
-# Images per pass of numpy_cnn_forward. Its im2col matrix takes 0.4 MB per 84x84x4 image in the Nature CNN's first
-# layer: a rollout's batched value call over 2,048 images at once would build (and fault in) 840 MB.
+def conv2d_by_blocks(x: np.ndarray, kernel: np.ndarray, stride: int) -> np.ndarray:
+    """conv2d for a stride s that divides the kernel's side k, m = k / s: x (N, H, W, C) float32, kernel (k, k, C, F)
+    -> (N, Ho, Wo, F) float32.
+
+    The image, cut into s x s blocks, is (N, H/s, W/s, s*s*C) by a reshape (space to depth), and a k x k window at
+    stride s is m x m whole blocks. So one matrix product of every block with each of the kernel's m x m parts,
+    (N*H/s*W/s, s*s*C) @ (s*s*C, m*m*F), and a sum of the m*m parts at their offsets give the convolution. im2col
+    copies each pixel into m*m overlapping windows first (3.6x the floats of an 84x84 frame in the 8x8/4 layer): with
+    it the Nature CNN's torso took 1.2-1.45x the time per image, and a Pong rollout 1.23x (benchmarks/README.md,
+    section Pixels)."""
+    k, _, channels, filters = kernel.shape
+    m = k // stride
+    n, height, width, _ = x.shape
+    ho, wo = (height - k) // stride + 1, (width - k) // stride + 1
+    hb, wb = ho + m - 1, wo + m - 1  # the blocks the windows cover; rows and columns past them are never read
+    blocks = x[:, : hb * stride, : wb * stride].reshape(n, hb, stride, wb, stride, channels)
+    blocks = blocks.transpose(0, 1, 3, 2, 4, 5).reshape(n * hb * wb, stride * stride * channels)
+    # The kernel's rows in the blocks' (s, s, C) order, its columns the m x m parts' (m, m, F).
+    parts = kernel.reshape(m, stride, m, stride, channels, filters).transpose(1, 3, 4, 0, 2, 5)
+    products = np.dot(blocks, parts.reshape(stride * stride * channels, m * m * filters)).reshape(n, hb, wb, m, m, -1)
+    out = products[:, :ho, :wo, 0, 0].copy()
+    for a in range(m):
+        for b in range(m):
+            if a or b:
+                out += products[:, a : a + ho, b : b + wo, a, b]
+    return out
+
+
+# Images per pass of numpy_cnn_forward. The Nature CNN's first layer makes 0.3 MB of blocks and products per 84x84x4
+# image: a rollout's batched value call over 2,048 images at once would build (and fault in) 700 MB.
 CNN_ROWS = 16
 
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from algos import ActorCritic, NumpyActor, build_mlp, numpy_mlp_forward
 from algos.networks import build_cnn, numpy_cnn_forward
-from algos.numpy_actor import actor_critic_state_like
+from algos.numpy_actor import actor_critic_state_like, conv2d
 from algos.spaces import ObsSpec, action_spec
 
 BOX = gymnasium.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
@@ -233,6 +233,22 @@ def test_numpy_cnn_agrees_with_tensorflow_on_uint8_images(obs):
     assert got.dtype == np.float32 and got.shape == (5, 6)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
     assert np.abs(expected).max() > 1e-2  # not all zeros by dead units
+
+
+# (H, W, C, k, stride, F): the Nature CNN's strided layers, and sides that leave rows and columns past the last window.
+STRIDED = [(84, 84, 4, 8, 4, 32), (20, 20, 32, 4, 2, 64), (85, 83, 3, 6, 3, 5), (21, 22, 4, 8, 4, 7),
+           (9, 11, 2, 2, 2, 3)]
+
+
+@pytest.mark.parametrize(("height", "width", "channels", "k", "stride", "filters"), STRIDED)
+def test_a_strided_convolution_by_blocks_is_tensorflows(height, width, channels, k, stride, filters):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, height, width, channels)).astype(np.float32)
+    kernel = rng.standard_normal((k, k, channels, filters)).astype(np.float32)
+    got = conv2d(x, kernel, stride)
+    expected = tf.nn.conv2d(x, kernel, stride, "VALID").numpy()
+    assert got.shape == expected.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
 
 
 # One torso (PPO's) on every action space; two CNNs (TRPO's, whose layers are the same) on two of them.
