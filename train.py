@@ -154,7 +154,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
                else None)
     # What rank 0 broadcasts each iteration: the actor-critic's variables and normalizers, then the counters.
     actor_state = actor_state_to_receive(learner, worker, config)
-    shared_torso = shares_torso(config.algo, worker.obs.is_image)
+    shared_torso = shares_torso(config.algo, config.env_id, worker.obs.is_image)
     learner_state = [*actor_state, counters.array]
     elapsed_before = 0.0
     if resuming:

@@ -75,8 +75,9 @@ class AlgorithmSpec:
     """Per family of envs (envs.make.env_family's names), the defaults that replace ``defaults`` there, and
     TrainConfig's batch_size and ENVS_IN_ALL (the envs of all processes together, which sets --envs_per_rank) for
     that family. A setting the user gives wins over both."""
-    shares_image_torso: bool = False
-    """Whether its image policies have one CNN torso under the policy and value heads (else two CNNs)."""
+    shares_image_torso: tuple[str, ...] = ()
+    """The families of envs (envs.make.env_family's names) whose image policies have one CNN torso under the policy
+    and value heads; every other image env gets two CNNs."""
 
     def defaults_for(self, family: str | None) -> dict[str, Any]:
         """The defaults of an env of ``family`` (None: no family): ``defaults`` with the family's replacing them."""
@@ -110,9 +111,11 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
          "clip_ratio": 0.2, "clip_schedule": "constant", "ent_coef": 0.0, "vf_coef": 0.5},
         families={"atari": {**_ATARI_BATCH, "lr": 2.5e-4, "epochs": 4, "minibatch_size": 256, "kl_targ": 0.0,
                             "clip_ratio": 0.1, "clip_schedule": "linear", "ent_coef": 0.01}},
-        # One torso, as the PPO paper's Atari networks, baselines, SB3 and CleanRL have it: half the update's
-        # arithmetic and half the workers' forward passes of two CNNs (benchmarks/README.md, section Pixels).
-        shares_image_torso=True),
+        # On Atari one torso, as the PPO paper's Atari networks, baselines, SB3 and CleanRL have it with the Atari
+        # settings: half the update's arithmetic and half the workers' forward passes of two CNNs. Not on other image
+        # envs at the generic settings: MinAtar Breakout at --nprocs 2 ended at 7.1 with one torso against 13.1 with
+        # two CNNs, every one of seeds 0-2 lower (benchmarks/README.md, section Pixels).
+        shares_image_torso=("atari",)),
     # TRPO keeps two networks: its natural-gradient step is a trust region over the policy's parameters alone, and a
     # torso shared with the value function would move the policy outside it (baselines' trpo_mpi copies the network
     # for its value function too). On Atari it takes the family's batch, its own settings otherwise.
@@ -122,7 +125,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
 """train.py's --algo NAME -> how to build that algorithm."""
 
 
-def shares_torso(algo: str, is_image: bool) -> bool:
-    """Whether the actor-critic of ``algo`` (an ALGORITHMS key) on image (``is_image``) or vector observations has one
-    CNN torso under both heads: the layout rank 0 builds, the workers receive into, and --play reads."""
-    return is_image and ALGORITHMS[algo].shares_image_torso
+def shares_torso(algo: str, env_id: str, is_image: bool) -> bool:
+    """Whether the actor-critic of ``algo`` (an ALGORITHMS key) on ``env_id``, with image (``is_image``) or vector
+    observations, has one CNN torso under both heads: the layout rank 0 builds, the workers receive into, and --play
+    reads."""
+    from envs.make import env_family
+
+    return is_image and env_family(env_id) in ALGORITHMS[algo].shares_image_torso

@@ -1,8 +1,9 @@
 """stable-baselines3 PPO with the work per iteration of train.py's defaults, the peer peers.py measures: one env under
 VecNormalize (clip 10), n_steps 2048, batch 64, 10 epochs, lr 3e-4, target_kl 0.02, torch on ``--torch_threads``
 thread(s); --batch_size, --epochs, --minibatch_size and --lr change the work as train.py's options of those names do.
-An image env gets train.py's network for PPO instead: one CNN torso of train.py's (algos.spaces.conv_layers) under
-the policy and value heads, rewards normalized, pixels scaled to [0, 1]; an Atari id SB3's own Atari preprocessing
+An image env gets train.py's network for PPO instead: train.py's CNN (algos.spaces.conv_layers), one torso under
+the policy and value heads where train.py shares it (an Atari id; algos.registry.shares_torso), two CNNs otherwise,
+rewards normalized, pixels scaled to [0, 1]; an Atari id SB3's own Atari preprocessing
 (noop reset, frame skip 4, 84x84 grey, a lost life ends the episode for learning, clipped rewards, and FIRE at reset,
 which train.py does not press) with 4 stacked frames, and train.py's Atari settings (algos.registry): 8 envs sharing
 the batch, clip range and learning rate decayed linearly to 0, entropy 0.01, no KL early stop. ``--json PATH`` writes
@@ -55,7 +56,7 @@ def main() -> int:
                             for info in self.locals["infos"] if "episode" in info)
             return True
 
-    from algos.registry import ALGORITHMS, ENVS_IN_ALL
+    from algos.registry import ALGORITHMS, ENVS_IN_ALL, shares_torso
     from algos.spaces import conv_layers
     from envs.make import env_family, register_namespace
 
@@ -73,7 +74,8 @@ def main() -> int:
     env = VecNormalize(base, norm_obs=not image, clip_obs=10.0, gamma=0.99)
     policy_kwargs = {}
     if image:
-        policy_kwargs = {"features_extractor_class": _torso_class(conv_layers), "share_features_extractor": True,
+        policy_kwargs = {"features_extractor_class": _torso_class(conv_layers),
+                         "share_features_extractor": shares_torso("ppo", args.env, True),
                          "net_arch": []}
     clip = atari["clip_ratio"]
     schedule = atari["clip_schedule"] == "linear"

@@ -66,8 +66,8 @@ NOTES = [
     "final mean return is RLlib's own mean of the last 100 episodes, its curve that running mean. Process wall time "
     "includes starting ray. Torch on one thread in the driver.",
     "On an image env (MinAtar, Atari) no system normalizes observations: train.py and stable-baselines3 both scale "
-    "pixels to [0, 1] in one CNN torso of train.py's under the policy and value heads (peer_sb3_ppo.py builds it in "
-    "torch); rewards are normalized as above.",
+    "pixels to [0, 1] in train.py's CNNs (peer_sb3_ppo.py builds them in torch), one torso under the policy and value "
+    "heads on Atari, two CNNs elsewhere; rewards are normalized as above.",
 ]
 
 

@@ -61,9 +61,13 @@ def test_minatar_trains_on_two_processes_resumes_bit_for_bit_and_plays(tmp_path,
     assert whole.name.startswith("MinAtar-Breakout-v1_") and resumed == part
     assert "from ckpt_00000002.npz: iteration 2, step 1024" in out
     assert reproducible_part(progress(resumed)) == reproducible_part(progress(whole))
-    for mine, theirs in zip(load_latest_checkpoint(resumed / "checkpoints")[1]["ac_state"],
-                            load_latest_checkpoint(whole / "checkpoints")[1]["ac_state"], strict=True):
+    ac_state = load_latest_checkpoint(whole / "checkpoints")[1]["ac_state"]
+    for mine, theirs in zip(load_latest_checkpoint(resumed / "checkpoints")[1]["ac_state"], ac_state, strict=True):
         np.testing.assert_array_equal(mine, theirs)
+    # Two CNNs, not one torso: PPO shares it on Atari only (algos.registry), and MinAtar learned better with two.
+    env = make_env(MINATAR)
+    two_cnns = actor_critic_state_like(obs_spec(env.observation_space), action_spec(env.action_space), (64, 64))
+    assert [array.shape for array in ac_state] == [array.shape for array in two_cnns]
     config = json.loads((whole / "config.json").read_text())
     assert config["env_id"] == MINATAR
     # MinAtar's one-layer CNN: oneDNN's kernels, one thread (trainer.kernels); the checkpoints record them

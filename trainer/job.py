@@ -43,7 +43,7 @@ def actor_state_to_receive(learner: Learner | None, worker: RolloutWorker, confi
     if learner:
         return learner.ac.broadcast_state()
     return actor_critic_state_like(worker.obs, worker.action, config.hidden,
-                                   shares_torso(config.algo, worker.obs.is_image))
+                                   shares_torso(config.algo, config.env_id, worker.obs.is_image))
 
 
 def job_resources() -> dict:

@@ -61,7 +61,8 @@ class Learner:
         self.config, self.run_dir = config, run_dir
         # Into config.json and every checkpoint; --resume compares. A CNN's update rounds by its thread count too.
         self.versions = {**stack_versions(), **{name: str(value) for name, value in self.threads.items()}}
-        self.ac = ActorCritic(obs, action, hidden=config.hidden, shared_torso=shares_torso(config.algo, obs.is_image),
+        self.ac = ActorCritic(obs, action, hidden=config.hidden,
+                              shared_torso=shares_torso(config.algo, config.env_id, obs.is_image),
                               precision=config.precision)
         self.spec = ALGORITHMS[config.algo]
         self.algo: Algorithm = self.spec.build(self.ac, {name: getattr(config, name)

@@ -121,7 +121,7 @@ def checkpoint_actor(config: dict, state: dict, env: Any) -> Any:
 
     obs = obs_spec(env.observation_space)
     return NumpyActor.from_ac_state(state["ac_state"], tuple(config["hidden"]), obs, action_spec(env.action_space),
-                                    shares_torso(config["algo"], obs.is_image))
+                                    shares_torso(config["algo"], config["env_id"], obs.is_image))
 
 
 def play_and_record(env: Any, actor: Any, seed: int, episodes: int, video_path: str | None) -> int:
