@@ -4,9 +4,10 @@ TensorFlow's kernels and threads per kind of network (benchmarks/README.md, sect
 --kernels NETWORK times the four choices of intra-op threads (1 or the CPUs) and TF_ENABLE_ONEDNN_OPTS (0 or 1) on
 one kind of network, each on the work train.py gives it by default: walker2d (64x64 MLPs, 2,048 rows, 10 epochs of
 64), minatar (the one-layer CNN of MinAtar's 10x10x4 boards, the same work) or pong (the Nature CNN on 84x84x4
-frames, the Atari work: 1,024 rows, 4 epochs of 256); the image networks with one shared torso, and with two CNNs
-under --torso separate. With --precisions, an image network instead runs in float32 and in bfloat16 (train.py's
---precision), both at the kernels train.py chooses for it.
+frames, the Atari work: 1,024 rows, 4 epochs of 256); the image networks in the layout train.py builds for that game
+(algos.registry.shares_torso: one torso for Pong, two CNNs for MinAtar), or as --torso says. With --precisions, an
+image network instead runs in float32 and in bfloat16 (train.py's --precision), both at the kernels train.py chooses
+for it.
 
 Every variant runs in its own process: Walker2d-v5's ActorCritic, PPO with the default hyperparameters but
 target_kl=None (every update runs all 10 epochs), one fixed batch of 2,048 random rows; two warm-up updates, then the
@@ -60,6 +61,10 @@ def turn_off(lever: str) -> None:
             return sums
 
         algos.ppo.PPO._train_steps_fn = steps
+
+
+GAMES = {"minatar": "MinAtar/Breakout-v1", "pong": "ALE/Pong-v5"}
+"""--kernels' image networks -> the game whose network train.py builds."""
 
 
 def image_ppo(network: str, shared_torso: bool, precision: str) -> tuple[Any, tuple]:
@@ -133,7 +138,8 @@ def run_variant(name: str, lever: str, intra: int, onednn: str, args: argparse.N
     load = load_average()
     result = subprocess.run(
         [sys.executable, __file__, "--child", "--intra", str(intra), "--lever", lever, "--updates", str(args.updates),
-         "--kernels", args.kernels or "walker2d", "--torso", args.torso, "--precision", precision],
+         "--kernels", args.kernels or "walker2d", *(["--torso", args.torso] if args.torso else []),
+         "--precision", precision],
         capture_output=True, text=True, env=env, timeout=1800, check=False)
     if result.returncode != 0:
         raise SystemExit(f"update.py: {name} failed:\n{result.stderr[-3000:]}")
@@ -149,9 +155,9 @@ def parse_args() -> argparse.Namespace:
                         help="comma-separated levers to turn off one at a time, or '' (default: all)")
     parser.add_argument("--kernels", choices=("walker2d", "minatar", "pong"),
                         help="time the kernel choices (threads x oneDNN) on this kind of network instead of the levers")
-    parser.add_argument("--torso", choices=("shared", "separate"), default="shared",
-                        help="with --kernels minatar or pong: one CNN torso under both heads, or two CNNs "
-                             "(default: %(default)s)")
+    parser.add_argument("--torso", choices=("shared", "separate"),
+                        help="with --kernels minatar or pong: one CNN torso under both heads, or two CNNs (default: "
+                             "the layout train.py builds for that game)")
     parser.add_argument("--precisions", action="store_true",
                         help="with --kernels minatar or pong: time the CNN in float32 and in bfloat16 (train.py's "
                              "--precision), each at the kernels train.py chooses for that network")
@@ -159,7 +165,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--intra", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--lever", default="", help=argparse.SUPPRESS)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.torso is None and args.kernels in GAMES:
+        from algos.registry import shares_torso
+
+        args.torso = "shared" if shares_torso("ppo", GAMES[args.kernels], True) else "separate"
+    return args
 
 
 def main() -> int:
