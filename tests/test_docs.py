@@ -282,8 +282,15 @@ FIGURES = [
      "peers_minatar_shared/results.md",
      ["train.py --nprocs 2: final mean return 7.13 over 3 run(s)", "train.py --nprocs 4: final mean return 10.14",
       "stable-baselines3 PPO, 1 env, torch 2 thread(s): final mean return 9.73 over 2 run(s)", "(4.19x, 3.81x)"]),
-    ("training.md", "13.1 at `--nprocs 2` (mean of seeds 0-2", "peers_minatar_two_cnns/results.md",
+    ("training.md", "`benchmarks/results/peers_minatar_two_cnns/results.md` (13.1 at `--nprocs 2`)",
+     "peers_minatar_two_cnns/results.md",
      ["train.py --nprocs 2: final mean return 13.09 over 3 run(s) (11.47, 12.83, 14.96)"]),
+    ("training.md", "`benchmarks/results/peers_minatar_two_cnns_4/results.md`", "peers_minatar_two_cnns_4/results.md",
+     ["train.py --nprocs 4: final mean return 10.91 over 3 run(s)"]),
+    ("training.md", "`benchmarks/results/peers_minatar_two_cnns_seeds3_5/results.md`",
+     "peers_minatar_two_cnns_seeds3_5/results.md",
+     ["train.py --nprocs 2: final mean return 11.22 over 3 run(s)", "train.py --nprocs 4: final mean return 10.03",
+      "seeds 3-5"]),
     ("training.md", "one torso ended at 7.1 against 13.1 for two CNNs", "peers_minatar_two_cnns/results.md",
      ["train.py --nprocs 2: final mean return 13.09 over 3 run(s)"]),
     ("training.md", "a Pong iteration's rollout 0.75 s against 0.92 by im2col", "speed_pong_blocks/results.md",
@@ -411,6 +418,17 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     assert (f"the training return was {means['train.py --nprocs 2']} at `--nprocs 2` and "
             f"{means['train.py --nprocs 4']} at `--nprocs 4` (means of 6 seeds), against "
             f"{means['stable-baselines3 PPO']} for stable-baselines3") in training, means
+    # and the current code's, two CNNs: seeds 0-2 in one run per process count, seeds 3-5 in one run of both.
+    current = {}
+    for name in ("peers_minatar_two_cnns", "peers_minatar_two_cnns_4", "peers_minatar_two_cnns_seeds3_5"):
+        with open(RESULTS / name / "runs.csv", newline="") as f:
+            for row in csv.DictReader(f):
+                current.setdefault(row["system"], {})[int(row["seed"])] = float(row["mean_return"])
+    assert [sorted(seeds) for seeds in current.values()] == [list(range(6))] * 2, current
+    now = {system: f"{sum(seeds.values()) / 6:.1f}" for system, seeds in current.items()}
+    assert (f"was {now['train.py --nprocs 2']} at `--nprocs 2` and {now['train.py --nprocs 4']} at `--nprocs 4` "
+            f"(means of seeds 0-5 on the current code), against {means['stable-baselines3 PPO']} for "
+            "stable-baselines3 PPO with the same network over the same seeds") in training, now
 
 
 def test_every_results_file_the_readme_and_guides_cite_exists_and_each_guide_citation_is_checked():
