@@ -18,6 +18,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from envs.make import env_family
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -129,6 +131,4 @@ def shares_torso(algo: str, env_id: str, is_image: bool) -> bool:
     """Whether the actor-critic of ``algo`` (an ALGORITHMS key) on ``env_id``, with image (``is_image``) or vector
     observations, has one CNN torso under both heads: the layout rank 0 builds, the workers receive into, and --play
     reads."""
-    from envs.make import env_family
-
     return is_image and env_family(env_id) in ALGORITHMS[algo].shares_image_torso

@@ -264,6 +264,14 @@ def comparable(state: dict[str, Any]) -> dict[str, Any]:
     return dict(state, ranks=ranks)
 
 
+def entries_that_differ(state: dict[str, Any], reference: dict[str, Any], ignored: tuple[str, ...]) -> list[str]:
+    """The entries of checkpoint ``state`` that differ from ``reference``'s, less ``ignored`` (an entry in one only
+    differs); every rank's saved environments compared by what they hold (comparable)."""
+    mine, theirs = comparable(state), comparable(reference)
+    return [key for key in sorted(set(mine) | set(theirs))
+            if key not in ignored and not same_value(mine.get(key), theirs.get(key))]
+
+
 def code_digest() -> str:
     """SHA-256 of the code a run executes: another engineer editing it mid-run would explain a mismatch."""
     digest = hashlib.sha256()
@@ -596,9 +604,7 @@ def compare(result: TrialResult, run_dir: Path, reference: Reference) -> None:
                      for i in bad if np.shape(arrays[i]) == np.shape(ref_arrays[i])), default=math.nan)
         result.problems.append(f"ac_state differs from the reference: arrays {bad} of {len(ref_arrays)} "
                                f"(largest difference {worst:.3g})")
-    mine, theirs = comparable(state), comparable(ref)
-    rest = [key for key in sorted(set(ref) | set(state)) if key not in ("elapsed_s", "ac_state", "counters")
-            and not same_value(mine.get(key), theirs.get(key))]
+    rest = entries_that_differ(state, ref, ("elapsed_s", "ac_state", "counters"))
     result.rest_ok = not rest and same_value(state["counters"], ref["counters"])
     if not result.rest_ok:
         result.problems.append(f"checkpoint entries differ from the reference: {rest or ['counters[3]']}")
