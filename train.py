@@ -153,8 +153,8 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
     learner = (Learner(config, run_dir, worker.obs, worker.action, resuming, job["rank0_host_ranks"]) if rank == 0
                else None)
     # What rank 0 broadcasts each iteration: the actor-critic's variables and normalizers, then the counters.
-    actor_state = actor_state_to_receive(learner, worker, config)
     shared_torso = shares_torso(config.algo, config.env_id, worker.obs.is_image)
+    actor_state = actor_state_to_receive(learner, worker, config.hidden, shared_torso)
     learner_state = [*actor_state, counters.array]
     elapsed_before = 0.0
     if resuming:

@@ -34,16 +34,16 @@ def share_of_batch(config: TrainConfig, rank: int, nprocs: int) -> tuple[int, mp
     return config.batch_size, budget  # a rank may draw the whole batch
 
 
-def actor_state_to_receive(learner: Learner | None, worker: RolloutWorker, config: TrainConfig) -> list:
+def actor_state_to_receive(learner: Learner | None, worker: RolloutWorker, hidden: tuple[int, ...],
+                           shared_torso: bool) -> list:
     """The actor-critic's variables and normalizers as rank 0 broadcasts them: rank 0's own (TensorFlow's), read
-    for the broadcast; every other rank's, numpy arrays of the same shapes that receive them."""
+    for the broadcast; every other rank's, numpy arrays of the same shapes that receive them (the layout of an
+    actor-critic with ``hidden`` layers and, for images, ``shared_torso``: algos.registry.shares_torso)."""
     from algos.numpy_actor import actor_critic_state_like
-    from algos.registry import shares_torso
 
     if learner:
         return learner.ac.broadcast_state()
-    return actor_critic_state_like(worker.obs, worker.action, config.hidden,
-                                   shares_torso(config.algo, config.env_id, worker.obs.is_image))
+    return actor_critic_state_like(worker.obs, worker.action, hidden, shared_torso)
 
 
 def job_resources() -> dict:
