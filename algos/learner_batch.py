@@ -52,19 +52,36 @@ def prepare_batch(
     )
 
 
-UNROLLED_STEPS = 32
-"""Minibatch steps unrolled in one traced call; an epoch of more minibatches runs as several calls. On small networks
-an unrolled epoch runs faster than a graph loop (the time goes to the number of ops run), but its tracing costs about
-a quarter of a second per step, once per process: 128 steps (--batch_size 8192 of 64 rows) took 38 s before the first
-update, against a few ms of calls for an epoch of 4."""
+STEPS_PER_CALL = 32
+"""Minibatch steps per call of a traced epoch loop; an epoch of more minibatches runs as several calls, so that rank 0
+calls heartbeat() between them (the waiting ranks see it advance) however long the epoch."""
 
 
-def unrolled_calls(perm: tf.Tensor, minibatch_size: int) -> tuple[list[tf.Tensor], int]:
-    """An epoch's permutation perm (N,) cut into the rows of each traced call (at most UNROLLED_STEPS minibatches
-    each), and the epoch's number of minibatches (the last may be short)."""
+def epoch_calls(perm: tf.Tensor, minibatch_size: int) -> tuple[list[tf.Tensor], int]:
+    """An epoch's permutation perm (N,) cut into the rows of each call (at most STEPS_PER_CALL minibatches each), and
+    the epoch's number of minibatches (the last may be short)."""
     n = int(perm.shape[0])
-    rows_per_call = UNROLLED_STEPS * minibatch_size
+    rows_per_call = STEPS_PER_CALL * minibatch_size
     return [perm[start : start + rows_per_call] for start in range(0, n, rows_per_call)], -(-n // minibatch_size)
+
+
+def minibatch_loop(step: Callable[[tf.Tensor], tf.Tensor], rows: tf.Tensor, minibatch_size: int,
+                   sums: tf.Tensor) -> tf.Tensor:
+    """``sums`` plus ``step(idx)`` for each run idx of minibatch_size rows of ``rows`` (M,), in order (the last run may
+    be short); call it while a graph_function is traced.
+
+    A graph loop, one step after the other (parallel_iterations=1: each step reads the weights the one before wrote).
+    Unrolled, the steps ran the same ops in the same order, bit for bit, but each traced step cost a tenth of a second
+    or more, once per process: 6 s before a Walker2d run's first update, against half a second for the loop
+    (benchmarks/README.md, update.py).
+    """
+    count = tf.shape(rows)[0]
+
+    def body(start: tf.Tensor, sums: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return start + minibatch_size, sums + step(rows[start : start + minibatch_size])
+
+    _, sums = tf.while_loop(lambda start, _: start < count, body, [tf.constant(0), sums], parallel_iterations=1)
+    return sums
 
 
 def graph_function(fn: Callable, input_signature: list[tf.TensorSpec] | None = None) -> Callable:

@@ -7,7 +7,14 @@ import numpy as np
 import tensorflow as tf
 
 from algos.adam import FusedAdam
-from algos.learner_batch import batch_specs, graph_function, prepare_batch, unrolled_calls, weight_for_policy_lag
+from algos.learner_batch import (
+    batch_specs,
+    epoch_calls,
+    graph_function,
+    minibatch_loop,
+    prepare_batch,
+    weight_for_policy_lag,
+)
 from algos.policy import ActorCritic
 from algos.registry import ALGORITHMS
 from mpi_util import heartbeat
@@ -59,10 +66,8 @@ class PPO:
         obs_spec, act_spec = batch_specs(ac)
         params_spec = tf.TensorSpec([None, None], tf.float32)
         self._old_policy = graph_function(self._old_policy_fn, input_signature=[obs_spec, act_spec])
-        # Up to UNROLLED_STEPS minibatch steps per call, unrolled: on 64x64 networks the time goes to the number of ops
-        # run, not to arithmetic, and a graph loop adds its own per step (see benchmarks/update.py). Traced once per
-        # length of the rows a call takes (a whole epoch's, or UNROLLED_STEPS minibatches' and the rest's; see
-        # learner_batch.unrolled_calls).
+        # A graph loop over up to STEPS_PER_CALL minibatch steps per call (learner_batch.minibatch_loop). Traced once
+        # per length of the rows a call takes (a whole epoch's, or STEPS_PER_CALL minibatches' and the rest's).
         self._train_steps = graph_function(self._train_steps_fn)
         self._batch_kl = graph_function(self._batch_kl_fn, input_signature=[params_spec, obs_spec])
 
@@ -94,7 +99,7 @@ class PPO:
         sums = np.zeros(4)
         epochs = 0
         for _ in range(self.cfg.epochs):
-            calls, minibatches = unrolled_calls(tf.constant(self.rng.permutation(n)), self.cfg.minibatch_size)
+            calls, minibatches = epoch_calls(tf.constant(self.rng.permutation(n)), self.cfg.minibatch_size)
             epoch_sums = tf.zeros(5)
             for rows in calls:
                 heartbeat()  # the workers waiting for the weights see rank 0 advance
@@ -155,11 +160,8 @@ class PPO:
     ) -> tf.Tensor:
         """An Adam step on each run of minibatch_size rows of ``rows`` (M,), a slice of an epoch's permutation;
         returns ``sums`` (5,) plus each step's [pi_loss, v_loss, entropy, approx_kl, clip_frac], added in order."""
-        mb = self.cfg.minibatch_size
-        for start in range(0, int(rows.shape[0]), mb):
-            heartbeat()  # runs while the steps are traced (seconds, on the first call), not when the graph runs
-            sums += self._minibatch_step(obs, act, adv, v_target, old_logp, rows[start : start + mb])
-        return sums
+        return minibatch_loop(lambda idx: self._minibatch_step(obs, act, adv, v_target, old_logp, idx), rows,
+                              self.cfg.minibatch_size, sums)
 
     def _minibatch_step(
         self,

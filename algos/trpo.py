@@ -11,9 +11,10 @@ from algos.adam import FusedAdam
 from algos.learner_batch import (
     LearnerBatch,
     batch_specs,
+    epoch_calls,
     graph_function,
+    minibatch_loop,
     prepare_batch,
-    unrolled_calls,
     weight_for_policy_lag,
 )
 from algos.policy import ActorCritic
@@ -75,7 +76,7 @@ class TRPO:
         self._policy_stats = graph_function(
             self._policy_stats_fn, input_signature=[obs_spec, act_spec, row_spec, row_spec, params_spec]
         )
-        # Up to UNROLLED_STEPS minibatch steps per call, unrolled (see PPO).
+        # A graph loop over up to STEPS_PER_CALL minibatch steps per call (see PPO).
         self._vf_steps = graph_function(self._vf_steps_fn)
 
     def update(
@@ -173,7 +174,7 @@ class TRPO:
         n = int(batch.obs.shape[0])
         losses = []
         for _ in range(self.cfg.vf_epochs):
-            calls, minibatches = unrolled_calls(tf.constant(self.rng.permutation(n)), self.cfg.vf_minibatch_size)
+            calls, minibatches = epoch_calls(tf.constant(self.rng.permutation(n)), self.cfg.vf_minibatch_size)
             total = tf.constant(0.0)
             for rows in calls:
                 heartbeat()
@@ -222,11 +223,7 @@ class TRPO:
     def _vf_steps_fn(self, obs: tf.Tensor, v_target: tf.Tensor, rows: tf.Tensor, total: tf.Tensor) -> tf.Tensor:
         """A value step on each run of vf_minibatch_size rows of ``rows`` (M,), a slice of an epoch's permutation;
         returns ``total`` (a scalar) plus each step's loss, added in order."""
-        mb = self.cfg.vf_minibatch_size
-        for start in range(0, int(rows.shape[0]), mb):
-            heartbeat()  # runs while the steps are traced (seconds, on the first call), not when the graph runs
-            total += self._vf_step(obs, v_target, rows[start : start + mb])
-        return total
+        return minibatch_loop(lambda idx: self._vf_step(obs, v_target, idx), rows, self.cfg.vf_minibatch_size, total)
 
     def _vf_step(self, obs: tf.Tensor, v_target: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
         """One Adam step on the value loss of the rows idx (M,); returns the loss before the step."""

@@ -174,8 +174,8 @@ def main() -> int:
               f"first iteration / {baseline}", f"job memory / {baseline}",
               f"steps/s / {baseline}"]
     text = table(header, rows)
-    about = (f"- runs: `TREE/train.py {args.env} --nprocs {args.nprocs} --total_steps {args.total_steps}`; "
-             + (f" {args.train_args}" if args.train_args else "")
+    about = (f"- runs: `TREE/train.py {args.env} --nprocs {args.nprocs} --total_steps {args.total_steps}"
+             + (f" {args.train_args}" if args.train_args else "") + "`; "
              + "; ".join(f"{name} = {tree}" + (f" with `{args_of[name]}`" if name in args_of else "")
                          for name, tree in variants)
              + f"; {args.repeats} interleaved repeat(s); medians, ratios per repeat (in repeat order)")

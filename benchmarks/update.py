@@ -12,9 +12,10 @@ for it.
 Every variant runs in its own process: Walker2d-v5's ActorCritic, PPO with the default hyperparameters but
 target_kl=None (every update runs all 10 epochs), one fixed batch of 2,048 random rows; two warm-up updates, then the
 median of ``--updates`` timed ones, back to back. The levers (algos/ppo.py, algos/adam.py, the trainer's thread
-settings), turned off one at a time by patching the learner in the child: keras_adam, graph_loop (an epoch as a
-tf.range loop instead of unrolled), intra_all (intra-op threads = CPUs), onednn_on. Variants alternate in order from
-repeat to repeat; ratios pair runs of the same repeat. Writes runs.csv and results.md to ``--out``.
+settings), turned off one at a time by patching the learner in the child: keras_adam, unrolled (an epoch's minibatch
+steps unrolled in the traced call, as before the graph loop), intra_all (intra-op threads = CPUs), onednn_on.
+Variants alternate in order from repeat to repeat; ratios pair runs of the same repeat. Writes runs.csv and results.md
+to ``--out``.
 """
 
 from __future__ import annotations
@@ -29,15 +30,14 @@ from typing import Any
 
 from harness import fmt, load_average, median, options, table, write_results
 
-LEVERS = ("keras_adam", "graph_loop", "intra_all", "onednn_on")
-LABELS = {"keras_adam": "now, Keras Adam", "graph_loop": "now, graph loop", "intra_all": "now, intra-op = CPUs",
+LEVERS = ("keras_adam", "unrolled", "intra_all", "onednn_on")
+LABELS = {"keras_adam": "now, Keras Adam", "unrolled": "now, unrolled steps", "intra_all": "now, intra-op = CPUs",
           "onednn_on": "now, oneDNN on"}
 
 
 def turn_off(lever: str) -> None:
     """Patch this checkout's learner (already imported) back to the formulation before ``lever``."""
     import keras
-    import tensorflow as tf
 
     import algos.ppo
 
@@ -53,10 +53,10 @@ def turn_off(lever: str) -> None:
                 self.optimizer.apply_gradients(zip(grads, self.trained, strict=True))
 
         algos.ppo.FusedAdam = KerasAdam
-    elif lever == "graph_loop":
+    elif lever == "unrolled":
         def steps(self: Any, obs: Any, act: Any, adv: Any, v_target: Any, old_logp: Any, rows: Any, sums: Any) -> Any:
             mb = self.cfg.minibatch_size
-            for start in tf.range(0, tf.shape(rows)[0], mb):
+            for start in range(0, int(rows.shape[0]), mb):
                 sums += self._minibatch_step(obs, act, adv, v_target, old_logp, rows[start : start + mb])
             return sums
 

@@ -103,9 +103,9 @@ def keras_reference_update(ac: ActorCritic, cfg: PPOConfig, seed: int, batch: di
 
 
 def test_update_matches_a_plain_keras_update_on_a_fixed_batch():
-    # The update's graph is built for speed (layers as raw ops, one fused Adam kernel per variable, minibatches
-    # unrolled); its results must be those of the plain formulation within float32 round-off. 250 rows: the last
-    # minibatch of each epoch holds the remainder, 58 rows.
+    # The update's graph is built for speed (layers as raw ops, one fused Adam kernel per variable, a graph loop
+    # over the minibatches); its results must be those of the plain formulation within float32 round-off. 250 rows:
+    # the last minibatch of each epoch holds the remainder, 58 rows.
     cfg = PPOConfig(epochs=4, target_kl=None)
     action_space = gymnasium.spaces.Box(-1.0, 1.0, (6,), np.float32)
     rng = np.random.default_rng(3)
@@ -130,9 +130,9 @@ def test_update_matches_a_plain_keras_update_on_a_fixed_batch():
 
 @pytest.mark.parametrize("algo", ["ppo", "trpo"])
 def test_an_epoch_split_over_several_calls_updates_the_weights_exactly_as_one_call(monkeypatch, algo):
-    # At most UNROLLED_STEPS minibatch steps are unrolled in one traced call (tracing costs seconds per step); an
-    # epoch of more runs as several calls. 250 rows of 64: 4 minibatches, one call at the default cap, calls of 3 and 1
-    # (the 58-row remainder) at a cap of 3. The weights must not tell them apart.
+    # At most STEPS_PER_CALL minibatch steps run in one call of the traced loop (rank 0 beats its heart between
+    # calls); an epoch of more runs as several calls. 250 rows of 64: 4 minibatches, one call at the default cap,
+    # calls of 3 and 1 (the 58-row remainder) at a cap of 3. The weights must not tell them apart.
     import algos.learner_batch
     from algos import TRPO, TRPOConfig
 
@@ -140,8 +140,8 @@ def test_an_epoch_split_over_several_calls_updates_the_weights_exactly_as_one_ca
     batch = {"obs": rng.normal(size=(250, 4)).astype(np.float32), "act": rng.integers(0, 2, size=250),
              "adv": rng.normal(size=250), "ret": rng.normal(size=250)}
     results = []
-    for cap in (algos.learner_batch.UNROLLED_STEPS, 3):
-        monkeypatch.setattr(algos.learner_batch, "UNROLLED_STEPS", cap)
+    for cap in (algos.learner_batch.STEPS_PER_CALL, 3):
+        monkeypatch.setattr(algos.learner_batch, "STEPS_PER_CALL", cap)
         keras.utils.set_random_seed(0)
         ac = ActorCritic(4, gymnasium.make("CartPole-v1").action_space, hidden=(64, 64))
         learner = (PPO(ac, PPOConfig(epochs=3, target_kl=None), seed=5) if algo == "ppo"
