@@ -360,6 +360,11 @@ FIGURES = [
     ("training.md", "11.8 against the peer's 9.2", "learning_breakout_seed1_float32/results.md",
      ["train.py --nprocs 2 --precision float32: final mean return 11.79 over 1 run(s)",
       "501760 steps per run on ALE/Breakout-v5, seed 1"]),
+    ("training.md", "9.2 in 1,144 s\n  against the peer's 9.7 in 1,405 s", "learning_breakout_seed2/results.md",
+     ["train.py --nprocs 2: final mean return 9.16 over 1 run(s)",
+      "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 9.67 over 1 run(s)",
+      "| 442 | 442 | 1.00x |", "| 359 | 359 | 0.81x |", "| 1144 |", "| 1405 |",
+      "501760 steps per run on ALE/Breakout-v5, seed 2"]),
     ("training.md", "a game score of -20.4 over the last 10 iterations, against -19.9", "learning_pong/results.md",
      ["train.py --nprocs 2: final mean return -20.40 over 1 run(s)",
       "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return -19.92 over 1 run(s)",
@@ -429,6 +434,18 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     assert (f"was {now['train.py --nprocs 2']} at `--nprocs 2` and {now['train.py --nprocs 4']} at `--nprocs 4` "
             f"(means of seeds 0-5 on the current code), against {means['stable-baselines3 PPO']} for "
             "stable-baselines3 PPO with the same network over the same seeds") in training, now
+    # Its Atari Breakout means: train.py float32 (its default) and the CleanRL-style PPO over seeds 0-2.
+    breakout = {}
+    for name in ("learning_breakout", "learning_breakout_seed1_float32", "learning_breakout_seed1_cleanrl",
+                 "learning_breakout_seed2"):
+        with open(RESULTS / name / "runs.csv", newline="") as f:
+            for row in csv.DictReader(f):
+                system = "peer" if row["system"].startswith("CleanRL") else "train.py"
+                breakout.setdefault(system, {})[int(row["seed"])] = float(row["mean_return"])
+    assert {system: sorted(seeds) for system, seeds in breakout.items()} == {"train.py": [0, 1, 2], "peer": [0, 1, 2]}
+    breakout_means = {system: f"{sum(seeds.values()) / 3:.1f}" for system, seeds in breakout.items()}
+    assert (f"Means of the three seeds: {breakout_means['train.py']} against {breakout_means['peer']}.") in training, \
+        breakout_means
 
 
 def test_every_results_file_the_readme_and_guides_cite_exists_and_each_guide_citation_is_checked():
