@@ -301,7 +301,8 @@ srun_train() {
 
 # wait_job JOB LIMIT [requeued]: poll JOB until it has ended (with "requeued": or is pending after a requeue), at
 # most LIMIT s (then cancel it); sets state, exit_code and restarts from scontrol. A requeued job is PENDING between
-# its runs: not ended.
+# its runs: not ended. SIGNALING, STAGE_OUT and RESIZING pass too (squeue's job states): a preempted job was seen in
+# SIGNALING for the one poll that read it, and was counted as ended.
 wait_job() {
     local deadline=$((SECONDS + $2)) info=""
     state=""
@@ -310,7 +311,8 @@ wait_job() {
         state=$(sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' <<<"$info")
         restarts=$(sed -n 's/.* Restarts=\([0-9]*\).*/\1/p' <<<"$info")
         [ "${3:-}" = requeued ] && [ "$state" = PENDING ] && [ "${restarts:-0}" -ge 1 ] && return
-        case $state in PENDING|CONFIGURING|RUNNING|COMPLETING|REQUEUED|PREEMPTED|"") sleep 1 ;; *) break ;; esac
+        case $state in PENDING|CONFIGURING|RUNNING|COMPLETING|REQUEUED|PREEMPTED|SIGNALING|STAGE_OUT|RESIZING|"") sleep 1 ;;
+            *) break ;; esac
     done
     exit_code=$(sed -n 's/.* ExitCode=\([0-9:]*\).*/\1/p' <<<"$info")
     if [ "$SECONDS" -ge "$deadline" ]; then
