@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from algos.policy import ActorCritic
+from mpi_util import heartbeat
 
 
 @dataclass
@@ -57,12 +58,19 @@ STEPS_PER_CALL = 32
 calls heartbeat() between them (the waiting ranks see it advance) however long the epoch."""
 
 
-def epoch_calls(perm: tf.Tensor, minibatch_size: int) -> tuple[list[tf.Tensor], int]:
-    """An epoch's permutation perm (N,) cut into the rows of each call (at most STEPS_PER_CALL minibatches each), and
-    the epoch's number of minibatches (the last may be short)."""
-    n = int(perm.shape[0])
+def epoch_means(steps: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], perm: np.ndarray, minibatch_size: int,
+                zeros: tf.Tensor) -> tf.Tensor:
+    """One epoch: ``steps(rows, sums)``, a traced minibatch_loop, called on the epoch's permutation perm (N,) in runs of
+    at most STEPS_PER_CALL minibatches, with a heartbeat before each call; returns the sums it adds up from ``zeros``
+    divided by the epoch's number of minibatches (the last may be short): the means over the epoch's steps."""
+    n = len(perm)
     rows_per_call = STEPS_PER_CALL * minibatch_size
-    return [perm[start : start + rows_per_call] for start in range(0, n, rows_per_call)], -(-n // minibatch_size)
+    perm = tf.constant(perm)
+    sums = zeros
+    for start in range(0, n, rows_per_call):
+        heartbeat()  # the workers waiting for the weights see rank 0 advance
+        sums = steps(perm[start : start + rows_per_call], sums)
+    return sums / float(-(-n // minibatch_size))
 
 
 def minibatch_loop(step: Callable[[tf.Tensor], tf.Tensor], rows: tf.Tensor, minibatch_size: int,

@@ -9,7 +9,7 @@ import tensorflow as tf
 from algos.adam import FusedAdam
 from algos.learner_batch import (
     batch_specs,
-    epoch_calls,
+    epoch_means,
     graph_function,
     minibatch_loop,
     prepare_batch,
@@ -17,7 +17,6 @@ from algos.learner_batch import (
 )
 from algos.policy import ActorCritic
 from algos.registry import ALGORITHMS
-from mpi_util import heartbeat
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -99,13 +98,11 @@ class PPO:
         sums = np.zeros(4)
         epochs = 0
         for _ in range(self.cfg.epochs):
-            calls, minibatches = epoch_calls(tf.constant(self.rng.permutation(n)), self.cfg.minibatch_size)
-            epoch_sums = tf.zeros(5)
-            for rows in calls:
-                heartbeat()  # the workers waiting for the weights see rank 0 advance
-                epoch_sums = self._train_steps(batch.obs, batch.act, batch.adv, batch.v_target, old_logp, rows,
-                                               epoch_sums)
-            pi_loss, v_loss, entropy, approx_kl, clip_frac = (epoch_sums / float(minibatches)).numpy()
+            means = epoch_means(
+                lambda rows, sums: self._train_steps(batch.obs, batch.act, batch.adv, batch.v_target, old_logp, rows,
+                                                     sums),
+                self.rng.permutation(n), self.cfg.minibatch_size, tf.zeros(5))
+            pi_loss, v_loss, entropy, approx_kl, clip_frac = means.numpy()
             sums += [pi_loss, v_loss, entropy, clip_frac]
             epochs += 1
             if self.cfg.target_kl and approx_kl > 1.5 * self.cfg.target_kl:

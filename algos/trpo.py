@@ -11,7 +11,7 @@ from algos.adam import FusedAdam
 from algos.learner_batch import (
     LearnerBatch,
     batch_specs,
-    epoch_calls,
+    epoch_means,
     graph_function,
     minibatch_loop,
     prepare_batch,
@@ -174,12 +174,9 @@ class TRPO:
         n = int(batch.obs.shape[0])
         losses = []
         for _ in range(self.cfg.vf_epochs):
-            calls, minibatches = epoch_calls(tf.constant(self.rng.permutation(n)), self.cfg.vf_minibatch_size)
-            total = tf.constant(0.0)
-            for rows in calls:
-                heartbeat()
-                total = self._vf_steps(batch.obs, batch.v_target, rows, total)
-            losses.append(float(total / float(minibatches)))
+            mean = epoch_means(lambda rows, total: self._vf_steps(batch.obs, batch.v_target, rows, total),
+                               self.rng.permutation(n), self.cfg.vf_minibatch_size, tf.constant(0.0))
+            losses.append(float(mean))
         # Every epoch has the same number of minibatches: the mean of epoch means is the mean over steps.
         return float(np.mean(losses))
 
