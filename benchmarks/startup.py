@@ -3,9 +3,10 @@ section "Start-up and memory per rank").
 
 A variant is ``NAME=TREE``: the checkout whose train.py (and, since Python puts the script's folder first on the
 module path, whose mpi_util and algos) runs. Every process of the job is sampled every 50 ms for its rank
-(PMI_RANK) and peak resident memory (VmHWM); variants alternate in order from repeat to repeat and ratios pair runs
-of the same repeat. ``--args_of NAME=ARGS`` gives one variant train.py arguments of its own (another checkout's
-defaults given by flags, say). Writes runs.csv and results.md to ``--out``.
+(PMI_RANK) and peak resident memory (VmHWM); the job's CPU time (user and system, every process) is read when it
+ends. Variants alternate in order from repeat to repeat and ratios pair runs of the same repeat. ``--args_of
+NAME=ARGS`` gives one variant train.py arguments of its own (another checkout's defaults given by flags, say).
+Writes runs.csv and results.md to ``--out``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import csv
 import math
 import os
 import re
+import resource
 import shlex
 import signal
 import subprocess
@@ -30,7 +32,7 @@ from harness import REPO, fmt, load_average, median, options, table, write_resul
 FIRST_ITERATION = re.compile(r"^\s+1\s+\d+\s")
 # The table's medians and its ratios to the baseline per repeat, in column order.
 MEDIANS = ("first_iteration_s", "rank0_peak_mb", "worker_peak_mb", "job_peak_mb", "steps_per_s")
-RATIOS = ("first_iteration_s", "job_peak_mb", "steps_per_s")
+RATIOS = ("first_iteration_s", "job_peak_mb", "steps_per_s", "job_cpu_s")
 
 
 def job_processes(root_pid: int) -> list[int]:
@@ -65,12 +67,20 @@ def rank_and_peak_mb(pid: int) -> tuple[int, float] | None:
     return None if rank is None or peak is None else (rank, peak)
 
 
+def children_cpu_s() -> float:
+    """User and system CPU seconds of this process's waited-for descendants so far: a job's ranks, once mpiexec has
+    reaped them."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_once(name: str, tree: Path, env_id: str, nprocs: int, total_steps: int, workdir: Path,
              timeout_s: float, train_args: str) -> dict[str, Any]:
     command = [sys.executable, "-u", str(tree / "train.py"), env_id, "--nprocs", str(nprocs),
                "--total_steps", str(total_steps), "--logdir", str(workdir / "runs"), *shlex.split(train_args)]
     load_before = load_average()
     peaks: dict[int, float] = {}
+    cpu_before = children_cpu_s()
     started = time.monotonic()
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -113,6 +123,7 @@ def run_once(name: str, tree: Path, env_id: str, nprocs: int, total_steps: int, 
         "worker_peak_mb": median(workers) if workers else float("nan"),
         "job_peak_mb": sum(peaks.values()),
         "ranks_seen": len(peaks),
+        "job_cpu_s": children_cpu_s() - cpu_before,
         "steps_per_s": median([float(row["steps_per_s"]) for row in rows[2:]]),
         **{f"{key}_s": median([float(row[key]) for row in rows[2:]]) for key in ("t_rollout", "t_update")},
         "wall_s": time.monotonic() - started,
@@ -167,12 +178,13 @@ def main() -> int:
         mine = [r for r in runs if r["variant"] == name]
         rows.append([name, args.nprocs, fmt(median([r["first_iteration_s"] for r in mine]), 1),
                      *(fmt(median([r[key] for r in mine])) for key in MEDIANS[1:]),
+                     fmt(median([r["job_cpu_s"] for r in mine]), 1),
                      *(fmt(median([r[key] for r in mine]), 2) for key in ("t_rollout_s", "t_update_s")),
                      *(", ".join(f"{r[key + '_ratio']:.2f}" for r in mine) for key in RATIOS)])
     header = ["variant", "nprocs", "launch to first iteration (s)", "rank 0 peak (MB)", "worker peak (MB)",
-              "job peak (MB)", "steps/s", "t_rollout (s)", "t_update (s)",
+              "job peak (MB)", "steps/s", "job CPU (s)", "t_rollout (s)", "t_update (s)",
               f"first iteration / {baseline}", f"job memory / {baseline}",
-              f"steps/s / {baseline}"]
+              f"steps/s / {baseline}", f"job CPU / {baseline}"]
     text = table(header, rows)
     about = (f"- runs: `TREE/train.py {args.env} --nprocs {args.nprocs} --total_steps {args.total_steps}"
              + (f" {args.train_args}" if args.train_args else "") + "`; "
