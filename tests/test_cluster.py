@@ -18,6 +18,7 @@ from conftest import FEW_MINIBATCHES, REPO, launcher, run_bounded
 from test_train import TRAIN, progress, train
 
 from trainer.checkpoint import load_checkpoint
+from trainer.kernels import runs_avx2_kernels
 
 FAULTY = "tests.faulty_env:FaultyPendulum-v0"
 
@@ -175,6 +176,8 @@ def test_rank_0_threads_and_config_follow_the_cpus_taskset_gives(tmp_path):
     assert config["job_cpus"] == 1 and config["rank0_cpus"] == 1, config
     assert config["tf_intra_op_threads"] == 1 and config["tf_inter_op_threads"] == 1, config
     assert config["tf_enable_onednn_opts"] == "0", config  # an MLP: TensorFlow's own kernels (trainer.kernels)
+    # ... whose matrix products (oneDNN's sgemm) are held to AVX2 on any x86-64 CPU that has it
+    assert config["onednn_max_cpu_isa"] == ("AVX2" if runs_avx2_kernels() else "ALL"), config
     assert list(config["job_cpus_per_host"].values()) == [1], config
     assert config["worker_omp_threads"] == "1", config
 

@@ -28,10 +28,16 @@ def pin_numeric_kernels(environ: MutableMapping[str, str] | None = None, machine
     environ = os.environ if environ is None else environ
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         environ.setdefault(name, "1")
+    if runs_avx2_kernels(machine, cpu_flags):
+        environ.setdefault("OPENBLAS_CORETYPE", OPENBLAS_CORETYPE)
+
+
+def runs_avx2_kernels(machine: str | None = None, cpu_flags: str | None = None) -> bool:
+    """Whether this is an x86-64 CPU with AVX2 and FMA, where OpenBLAS's and oneDNN's kernels are held to AVX2.
+    ``machine`` and ``cpu_flags`` (space-separated) default to this machine's."""
     machine = platform.machine() if machine is None else machine
     flags = set((cpu_model_and_flags()[1] if cpu_flags is None else cpu_flags).split())
-    if machine.lower() in ("x86_64", "amd64") and {"avx2", "fma"} <= flags:
-        environ.setdefault("OPENBLAS_CORETYPE", OPENBLAS_CORETYPE)
+    return machine.lower() in ("x86_64", "amd64") and {"avx2", "fma"} <= flags
 
 
 # Per kind of network (algos.spaces.network_kind): (intra-op threads, oneDNN), "all" for every CPU rank 0 may use.
@@ -46,16 +52,24 @@ RANK0_KERNELS = {"mlp": (1, "0"), "small_cnn": (1, "1"), "nature_cnn": ("all", "
 
 def rank0_tensorflow_kernels(network: str, cpus: int, policy_lag: int, ranks_on_host: int) -> dict[str, int | str]:
     """TensorFlow's thread pools and kernels for rank 0's update of a ``network`` (RANK0_KERNELS' kinds):
-    {"tf_intra_op_threads", "tf_inter_op_threads", "tf_enable_onednn_opts"}. ``cpus``: the CPUs rank 0 may use
-    (affinity, cgroup quota); ``ranks_on_host``: the job's processes on rank 0's host, rank 0 included.
+    {"tf_intra_op_threads", "tf_inter_op_threads", "tf_enable_onednn_opts", "onednn_max_cpu_isa"}. ``cpus``: the
+    CPUs rank 0 may use (affinity, cgroup quota); ``ranks_on_host``: the job's processes on rank 0's host, rank 0
+    included.
 
     Every CPU: the waiting processes sleep while rank 0 learns. Under --policy_lag 1 the others roll out during the
     update, so it leaves them a CPU each. With more than one thread, or oneDNN, the results depend on the thread count
     and the CPU's vector instructions (config.json records both; --resume warns when they change); an MLP's do not.
-    A value of TF_ENABLE_ONEDNN_OPTS the user set is kept.
+    A value of TF_ENABLE_ONEDNN_OPTS or ONEDNN_MAX_CPU_ISA the user set is kept.
     """
     threads, onednn = RANK0_KERNELS[network]
     if threads == "all":
         threads = cpus if not policy_lag else max(1, cpus - (ranks_on_host - 1))
+    # TensorFlow's own matrix products call oneDNN's sgemm even with oneDNN's ops off, and it picks its code by the
+    # CPU's vector instructions: an AMD Zen 3 (AVX2) ended the README's first command at 568.0, a Zen 4 (AVX-512) at
+    # 1,139.3, and the Zen 3 with oneDNN held to SSE4.1 at 594.3 (benchmarks/results/machine_dependence_zen3_isa). An
+    # MLP holds it to AVX2, as OpenBLAS to Haswell; a CNN keeps every instruction (its results depend on the CPU
+    # anyway).
+    isa = "AVX2" if network == "mlp" and runs_avx2_kernels() else "ALL"
     return {"tf_intra_op_threads": threads, "tf_inter_op_threads": min(2, cpus),
-            "tf_enable_onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", onednn)}
+            "tf_enable_onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", onednn),
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", isa)}

@@ -43,6 +43,7 @@ class Learner:
         self.cpus = mpi_util.cpus_available()
         self.threads = rank0_tensorflow_kernels(network_kind(obs), self.cpus, config.policy_lag, ranks_on_host)
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = str(self.threads["tf_enable_onednn_opts"])
+        os.environ["ONEDNN_MAX_CPU_ISA"] = str(self.threads["onednn_max_cpu_isa"])
         hidden = [name for name in UNUSED_BY_RANK0 if name not in sys.modules]
         sys.modules.update(dict.fromkeys(hidden))  # None: "import NAME" raises ImportError, which they expect
         try:
