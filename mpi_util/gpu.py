@@ -138,9 +138,9 @@ def _tensorflow_import_uncollected() -> Iterator[None]:
     """Around TensorFlow's import: the garbage collector paused while the import builds its objects (several hundred
     thousand, none of them garbage), and every object frozen afterwards (gc.freeze), so that no later full collection
     walks them again; tracing a tf.function runs many. A 2-process train.py run on Walker2d used a median 0.90x the CPU
-    time (benchmarks/README.md, "Start-up and memory per rank"). Does nothing when TensorFlow is loaded already. What the
-    process made before is frozen too: still freed when its last reference goes, but not collected as a cycle until the
-    process exits, when an atexit handler unfreezes everything for the interpreter's last collection (without it,
+    time (benchmarks/README.md, "Start-up and memory per rank"). Does nothing when TensorFlow is loaded already. What
+    the process made before is frozen too: still freed when its last reference goes, but not collected as a cycle until
+    the process exits, when an atexit handler unfreezes everything for the interpreter's last collection (without it,
     ale_py's emulators made before the import outlived the interpreter, and nanobind reported them as leaks)."""
     if "tensorflow" in sys.modules:
         yield
