@@ -3,10 +3,8 @@ setup_gpu or tf_config is called; torch never is."""
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
-import gc
 import os
 import subprocess
 import sys
@@ -133,29 +131,6 @@ def _tensorflow_start_up_silenced() -> Iterator[None]:
                 os.write(2, held_back.read())
 
 
-@contextlib.contextmanager
-def _tensorflow_import_uncollected() -> Iterator[None]:
-    """Around TensorFlow's import: the garbage collector paused while the import builds its objects (several hundred
-    thousand, none of them garbage), and every object frozen afterwards (gc.freeze), so that no later full collection
-    walks them again; tracing a tf.function runs many. A 2-process train.py run on Walker2d used a median 0.90x the CPU
-    time (benchmarks/README.md, "Start-up and memory per rank"). Does nothing when TensorFlow is loaded already. What
-    the process made before is frozen too: still freed when its last reference goes, but not collected as a cycle until
-    the process exits, when an atexit handler unfreezes everything for the interpreter's last collection (without it,
-    ale_py's emulators made before the import outlived the interpreter, and nanobind reported them as leaks)."""
-    if "tensorflow" in sys.modules:
-        yield
-        return
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
-        gc.freeze()
-        atexit.register(gc.unfreeze)
-
-
 def _gpu_total_memory_bytes(index: int) -> int | None:
     """Total memory of CUDA device ``index`` (as CUDA_VISIBLE_DEVICES numbers them), None if unknown.
 
@@ -189,8 +164,7 @@ def setup_gpu(gpu_pct: float | None = None) -> dict[str, Any]:
     """Pin this rank to one GPU (``gpu_for_rank``: local rank modulo the GPU count) and cap its TensorFlow memory.
 
     Call before TensorFlow touches a GPU. Imports TensorFlow without its start-up log lines (see
-    _tensorflow_start_up_silenced) and with garbage collection paused, then freezes what the process holds
-    (_tensorflow_import_uncollected): call it before anything else imports TensorFlow. Without a GPU it does nothing
+    _tensorflow_start_up_silenced): call it before anything else imports TensorFlow. Without a GPU it does nothing
     and says so once, on rank 0.
 
     Args:
@@ -205,7 +179,7 @@ def setup_gpu(gpu_pct: float | None = None) -> dict[str, Any]:
         ImportError: TensorFlow is not installed.
     """
     pct = check_gpu_pct(os.environ.get("MPI_UTIL_GPU_PCT", "0") if gpu_pct is None else gpu_pct)
-    with _tensorflow_start_up_silenced(), _tensorflow_import_uncollected():
+    with _tensorflow_start_up_silenced():
         import tensorflow as tf
 
         gpus = tf.config.list_physical_devices("GPU")
@@ -246,7 +220,7 @@ def tf_config(gpu_pct: float = 0.0) -> Any:
         ImportError: TensorFlow is not installed.
     """
     pct = check_gpu_pct(gpu_pct)
-    with _tensorflow_start_up_silenced(), _tensorflow_import_uncollected():
+    with _tensorflow_start_up_silenced():
         import tensorflow as tf
 
         ngpus = len(tf.config.list_physical_devices("GPU"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import math
 import os
@@ -32,6 +34,29 @@ from trainer.versions import stack_versions, version_changes
 UNUSED_BY_RANK0 = ("jax", "pandas", "cv2")
 
 
+def import_tensorflow(gpu_pct: float) -> None:
+    """Rank 0's import of TensorFlow, through mpi_util.setup_gpu (its GPU and memory cap, no start-up lines), with
+    UNUSED_BY_RANK0 hidden and Python's garbage collector paused; then every object the process holds is frozen
+    (gc.freeze). The import builds about 510,000 objects, none of them garbage; unfrozen, each full collection walks
+    them all again, and tracing the update's graphs runs many. Walker2d's first iteration came in 0.68-0.88x the time
+    and its job used a median 0.90x the CPU time (benchmarks/README.md, "Start-up and memory per rank"). Everything is
+    unfrozen at exit for the interpreter's last collection: frozen, Atari's emulators, made before the import, were
+    never freed and nanobind printed leak reports."""
+    hidden = [name for name in UNUSED_BY_RANK0 if name not in sys.modules]
+    sys.modules.update(dict.fromkeys(hidden))  # None: "import NAME" raises ImportError, which they expect
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        mpi_util.setup_gpu(gpu_pct)
+    finally:
+        for name in hidden:
+            del sys.modules[name]
+        if collecting:
+            gc.enable()
+    gc.freeze()
+    atexit.register(gc.unfreeze)
+
+
 class Learner:
     """Rank 0's side: the TensorFlow actor-critic, the algorithm that updates it (--algo, built as algos.registry's
     ALGORITHMS says), and the run directory's logs."""
@@ -44,13 +69,7 @@ class Learner:
         self.threads = rank0_tensorflow_kernels(network_kind(obs), self.cpus, config.policy_lag, ranks_on_host)
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = str(self.threads["tf_enable_onednn_opts"])
         os.environ["ONEDNN_MAX_CPU_ISA"] = str(self.threads["onednn_max_cpu_isa"])
-        hidden = [name for name in UNUSED_BY_RANK0 if name not in sys.modules]
-        sys.modules.update(dict.fromkeys(hidden))  # None: "import NAME" raises ImportError, which they expect
-        try:
-            mpi_util.setup_gpu(config.gpu_pct)  # imports TensorFlow, without its start-up log lines
-        finally:
-            for name in hidden:
-                del sys.modules[name]
+        import_tensorflow(config.gpu_pct)
         import tensorflow as tf
 
         from algos.policy import ActorCritic
