@@ -73,6 +73,14 @@ def run_mpi():
     return mpiexec
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _sb3_logs_under_pytests_temporary_directory(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """SB3's logger makes a folder SB3-<date> in the system's temporary directory at each learn() given no
+    tensorboard_log, in every rank, and never removes it (some 37 a run of the suite). SB3_LOGDIR, which it reads
+    first, puts them under pytest's own temporary directory, which pytest prunes; the jobs inherit it."""
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3_logs"))
+
+
 # Tests that mostly wait (a real Slurm's time limit and requeue, stall limits running out, ranks slowed by sleeps) share
 # one xdist group: one of the three workers (pyproject.toml) runs them in turn, asleep most of the time, while the other
 # two keep both cores busy with the tests that compute.
