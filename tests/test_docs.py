@@ -354,6 +354,10 @@ FIGURES = [
      "peers_pong/results.md",
      ["torch 2 thread(s), steps/s after the warm-up: median **1.37x** over 2 repeat(s) (1.43x, 1.31x)",
       "steps/s after the warm-up: median **1.55x** over 2 repeat(s) (1.69x, 1.41x)"]),
+    ("training.md", "On a Zen 3 (AVX2, no AVX-512), 1.08-1.29x and 1.22-1.46x", "peers_pong_zen3/results.md",
+     ["torch 2 thread(s), steps/s after the warm-up: median **1.18x** over 2 repeat(s) (1.29x, 1.08x)",
+      "steps/s after the warm-up: median **1.34x** over 2 repeat(s) (1.46x, 1.22x)", "cpu_flags sse4_2 avx avx2 fma,",
+      "| 0.884 | 2.537 |", "| 1.027 | 2.600 |", "| 1.611 | 2.796 |", "| 1.368 | 2.544 |"]),
     ("training.md", "with `--precision bfloat16`, 1.71-1.80x and 2.02-2.04x", "peers_pong_bfloat16/results.md",
      ["torch 2 thread(s), steps/s after the warm-up: median **1.76x** over 2 repeat(s) (1.80x, 1.71x)",
       "steps/s after the warm-up: median **2.03x** over 2 repeat(s) (2.04x, 2.02x)"]),
@@ -372,6 +376,11 @@ FIGURES = [
       "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 9.67 over 1 run(s)",
       "| 442 | 442 | 1.00x |", "| 359 | 359 | 0.81x |", "| 1144 |", "| 1405 |",
       "501760 steps per run on ALE/Breakout-v5, seed 2"]),
+    ("training.md", "8.2 in 1,779 s against the peer's 9.4 in 2,545 s", "learning_breakout_seed3/results.md",
+     ["train.py --nprocs 2: final mean return 8.20 over 1 run(s)",
+      "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 9.45 over 1 run(s)",
+      "| 1779 | 2.31 |", "| 2545 | 1.90 |", "cpu_flags sse4_2 avx avx2 fma,",
+      "501760 steps per run on ALE/Breakout-v5, seed 3"]),
     ("training.md", "a game score of -20.4 over the last 10 iterations, against -19.9", "learning_pong/results.md",
      ["train.py --nprocs 2: final mean return -20.40 over 1 run(s)",
       "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return -19.92 over 1 run(s)",
@@ -441,17 +450,18 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     assert (f"was {now['train.py --nprocs 2']} at `--nprocs 2` and {now['train.py --nprocs 4']} at `--nprocs 4` "
             f"(means of seeds 0-5 on the current code), against {means['stable-baselines3 PPO']} for "
             "stable-baselines3 PPO with the same network over the same seeds") in training, now
-    # Its Atari Breakout means: train.py float32 (its default) and the CleanRL-style PPO over seeds 0-2.
+    # Its Atari Breakout means: train.py float32 (its default) and the CleanRL-style PPO over seeds 0-3.
     breakout = {}
     for name in ("learning_breakout", "learning_breakout_seed1_float32", "learning_breakout_seed1_cleanrl",
-                 "learning_breakout_seed2"):
+                 "learning_breakout_seed2", "learning_breakout_seed3"):
         with open(RESULTS / name / "runs.csv", newline="") as f:
             for row in csv.DictReader(f):
                 system = "peer" if row["system"].startswith("CleanRL") else "train.py"
                 breakout.setdefault(system, {})[int(row["seed"])] = float(row["mean_return"])
-    assert {system: sorted(seeds) for system, seeds in breakout.items()} == {"train.py": [0, 1, 2], "peer": [0, 1, 2]}
-    breakout_means = {system: f"{sum(seeds.values()) / 3:.1f}" for system, seeds in breakout.items()}
-    assert (f"Means of the three seeds: {breakout_means['train.py']} against {breakout_means['peer']}.") in training, \
+    assert {system: sorted(seeds) for system, seeds in breakout.items()} == {"train.py": [0, 1, 2, 3],
+                                                                               "peer": [0, 1, 2, 3]}
+    breakout_means = {system: f"{sum(seeds.values()) / 4:.1f}" for system, seeds in breakout.items()}
+    assert (f"Means of the four seeds: {breakout_means['train.py']} against {breakout_means['peer']}.") in training, \
         breakout_means
 
 
