@@ -12,15 +12,17 @@ from conftest import REPO, run_bounded
 EXAMPLES = REPO / "examples"
 
 
-# (framework, iterations, steps per batch): a budget each learns well within (last 5 iterations seen: torch about
-# 350, Keras about 240, JAX about 255); random play scores about 22.
-BUDGETS = [("torch", 25, 4000), ("keras", 20, 3000), ("jax", 20, 3000)]
+# (framework, iterations, steps per batch, least mean return of the last 5 iterations). Random play scores about 22;
+# a batch whose rows are misaligned across ranks (actions or returns of one rank against another's observations)
+# stays at 10-24 (torch, 12 iterations). Seen, seeds 0-2: torch 67-72 and Keras 55-129 at 12 iterations (at 20 and 25
+# they pass 150, in 40-69 s of two TensorFlow or torch ranks); JAX about 255 at 20.
+BUDGETS = [("torch", 12, 4000, 50), ("keras", 12, 3000, 50), ("jax", 20, 3000, 150)]
 # What each framework's example imports beyond the project's own requirements.
 NEEDS = {"jax": ["jax", "optax"]}
 
 
-@pytest.mark.parametrize(("framework", "iterations", "batch_size"), BUDGETS)
-def test_policy_gradient_learns_on_two_ranks_with_identical_weights(framework, iterations, batch_size):
+@pytest.mark.parametrize(("framework", "iterations", "batch_size", "least_return"), BUDGETS)
+def test_policy_gradient_learns_on_two_ranks_with_identical_weights(framework, iterations, batch_size, least_return):
     missing = [module for module in NEEDS.get(framework, [framework]) if importlib.util.find_spec(module) is None]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed (pip install -e '.[test]')")
@@ -29,7 +31,7 @@ def test_policy_gradient_learns_on_two_ranks_with_identical_weights(framework, i
     assert result.returncode == 0, result.stderr[-3000:]
     returns = [float(x) for x in re.findall(rf"{batch_size} steps, mean return ([\d.]+)", result.stdout)]
     assert len(returns) == iterations, result.stdout[-3000:]
-    assert sum(returns[-5:]) / 5 > 150, returns
+    assert sum(returns[-5:]) / 5 > least_return, returns
     assert "ranks whose weights differ from rank 0's: []" in result.stdout
     assert result.stderr == ""
 
@@ -53,12 +55,13 @@ def test_cleanrl_style_ppo_learns_on_two_ranks_with_identical_weights_and_normal
     if importlib.util.find_spec("torch") is None:
         pytest.skip("torch not installed (pip install -e '.[test]')")
     result = run_bounded([sys.executable, str(EXAMPLES / "cleanrl_ppo_mpi.py"), "--nprocs", "2",
-                          "--total_timesteps", "30720"], timeout=180)
+                          "--total_timesteps", "20480"], timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     returns = [float(x) for x in re.findall(r"global_step=\d+, episodic_return=([\d.]+)", result.stdout)]
-    assert len(returns) == 15 and "global_step=30720," in result.stdout, result.stdout[-3000:]
-    # InvertedPendulum: random play scores about 6, the most is 1000; seen at this budget, seeds 1-4: 686-696.
-    assert returns[-1] > 400, returns
+    assert len(returns) == 10 and "global_step=20480," in result.stdout, result.stdout[-3000:]
+    # InvertedPendulum: random play scores about 6, the most is 1000; seen at this budget, seeds 1-2: 267-289 (at
+    # 30720 steps, 686-696 in 1.5x the time).
+    assert returns[-1] > 150, returns
     assert "ranks whose weights differ from rank 0's: []" in result.stdout
     assert "ranks whose normalizer statistics differ: []" in result.stdout
     assert result.stderr == ""

@@ -143,7 +143,7 @@ def test_bcast_falls_back_to_mpi_when_shared_memory_is_refused(run_mpi, tmp_path
 def test_bcast_keras_tf_module_variables_bit_exact(run_mpi, tmp_path):
     # One size: what depends on the number of ranks is the numpy broadcast below the TensorFlow objects, which
     # test_bcast_numpy_is_bit_exact runs at every size; each rank of this job imports TensorFlow (about 5 CPU-s).
-    nprocs = 3
+    nprocs = 2
     run_mpi(nprocs, "bcast_cases.py", str(tmp_path), "tf", timeout=180)
     check_bcast(tmp_path, nprocs, ["numpy_list", "large", "larger", "keras_model", "tf_module", "tf_variables",
                                    "mixed_list"])

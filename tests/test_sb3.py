@@ -66,12 +66,12 @@ def test_ppo_example_learns_on_two_ranks_with_identical_weights_and_quiet_stderr
         tmp_path):
     saved = tmp_path / "ppo"
     result = run_bounded([sys.executable, str(REPO / "examples" / "sb3_ppo_mpi.py"), "--nprocs", "2",
-                          "--total_steps", "20000", "--save", str(saved)], timeout=240)
+                          "--total_steps", "12288", "--save", str(saved)], timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
-    found = re.search(r"20480 steps, mean return of the last (\d+) episodes ([\d.]+)", result.stdout)
+    found = re.search(r"12288 steps, mean return of the last (\d+) episodes ([\d.]+)", result.stdout)
     assert found, result.stdout
-    # Random play scores about 22; seen at this budget: 162-166.
-    assert int(found.group(1)) == 100 and float(found.group(2)) > 100, result.stdout
+    # Random play scores about 22; seen at this budget, seeds 0-1: 89-91 (162-166 at 20480 steps, in 1.7x the time).
+    assert int(found.group(1)) == 100 and float(found.group(2)) > 50, result.stdout
     assert "ranks whose weights differ from rank 0's: []" in result.stdout
     assert result.stderr == ""  # no TensorFlow start-up lines: tensorboard did not import it
     # rank 0 saved the model and the VecNormalize statistics; a plain process (no MPI) loads both, frozen
@@ -79,7 +79,7 @@ def test_ppo_example_learns_on_two_ranks_with_identical_weights_and_quiet_stderr
                               "--episodes", "5"], timeout=120)
     assert evaluation.returncode == 0, evaluation.stderr[-3000:]
     found = re.search(r"mean return over 5 episodes ([\d.]+)", evaluation.stdout)
-    assert found and float(found.group(1)) > 100, evaluation.stdout  # seen: 500 (the most CartPole-v1 pays)
+    assert found and float(found.group(1)) > 100, evaluation.stdout  # seen, seeds 0-1: 404, 500 (the most)
 
 
 LOGS_WITHOUT_TENSORFLOW = """
