@@ -85,6 +85,10 @@ def _sb3_logs_under_pytests_temporary_directory(tmp_path_factory: pytest.TempPat
 # one xdist group: one of the three workers (pyproject.toml) runs them in turn, asleep most of the time, while the other
 # two keep both cores busy with the tests that compute.
 WAITS = pytest.mark.xdist_group("waits")
+# Tests that build TensorFlow's learner in the pytest process. Their modules import TensorFlow inside the tests, not at
+# the top: every xdist worker imports every module to collect it, and TensorFlow costs each about 3.5 CPU-s and 0.5 GB.
+# One xdist group, so that one worker imports it.
+TENSORFLOW_IN_PROCESS = pytest.mark.xdist_group("tensorflow_in_process")
 # Modules whose tests take minutes (a real Slurm's requeues, two namespace hosts, stall limits, the trained runs one
 # worker shares): collected first, in this order, so that pytest-xdist hands them out at the start and the other
 # workers run the short tests meanwhile, instead of one worker running them alone at the end.

@@ -1,18 +1,23 @@
 """The numpy twin of the networks and the NumpyActor agree with the Keras/TF learner."""
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import gymnasium
-import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from conftest import TENSORFLOW_IN_PROCESS
 
-from algos import ActorCritic, NumpyActor, build_mlp, numpy_mlp_forward
-from algos.networks import build_cnn, numpy_cnn_forward
+from algos import NumpyActor, numpy_mlp_forward
 from algos.numpy_actor import actor_critic_state_like, conv2d
 from algos.spaces import ObsSpec, action_spec
 
+if TYPE_CHECKING:  # TensorFlow's modules are imported by the tests that use them (conftest.TENSORFLOW_IN_PROCESS)
+    from algos.policy import ActorCritic
+
+pytestmark = TENSORFLOW_IN_PROCESS
 BOX = gymnasium.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
 DISCRETE = gymnasium.spaces.Discrete(4)
 MULTI = gymnasium.spaces.MultiDiscrete([3, 2, 4])
@@ -23,6 +28,10 @@ SPACE_IDS = ["box", "discrete", "multidiscrete", "multibinary"]
 
 def actor_critic(space, seed: int = 0, init_log_std: float = -0.5) -> ActorCritic:
     """An ActorCritic whose normalizers hold non-trivial statistics, so the tests see them used."""
+    import keras
+
+    from algos.policy import ActorCritic
+
     keras.utils.set_random_seed(seed)
     ac = ActorCritic(5, space, hidden=(16, 16), init_log_std=init_log_std)
     rng = np.random.default_rng(seed)
@@ -32,6 +41,10 @@ def actor_critic(space, seed: int = 0, init_log_std: float = -0.5) -> ActorCriti
 
 
 def test_build_mlp_layout_and_init():
+    import keras
+
+    from algos.networks import build_mlp
+
     keras.utils.set_random_seed(0)
     model = build_mlp(5, 3, (16, 8), output_gain=0.01)
     assert [tuple(w.shape) for w in model.weights] == [(5, 16), (16,), (16, 8), (8,), (8, 3), (3,)]
@@ -44,6 +57,10 @@ def test_build_mlp_layout_and_init():
 
 
 def test_numpy_forward_equals_keras():
+    import keras
+
+    from algos.networks import build_mlp
+
     keras.utils.set_random_seed(1)
     model = build_mlp(5, 3, (16, 8), output_gain=1.0)
     x = np.random.default_rng(0).normal(size=(32, 5)).astype(np.float32)
@@ -53,6 +70,10 @@ def test_numpy_forward_equals_keras():
 
 
 def test_variables_and_broadcast_state():
+    import tensorflow as tf
+
+    from algos.policy import ActorCritic
+
     ac = actor_critic(BOX)
     variables = ac.variables()
     assert all(isinstance(v, tf.Variable) for v in variables)
@@ -162,6 +183,8 @@ def test_numpy_actor_from_checkpoint_state_equals_snapshot(space):
 def test_numpy_actor_log_prob_equals_the_learners(space):
     # --policy_lag 1 weights each row by pi_current / pi_behavior, the behavior's log-probabilities from the numpy
     # actor that acted: on the same weights the two must agree, so that the weight is 1 up to round-off.
+    import tensorflow as tf
+
     ac = actor_critic(space)
     actor = ac.numpy_actor()
     raw = np.random.default_rng(6).normal(2.0, 3.0, size=(50, 5)).astype(np.float32)
@@ -173,6 +196,8 @@ def test_numpy_actor_log_prob_equals_the_learners(space):
 
 
 def test_log_prob_entropy_kl_box():
+    import tensorflow as tf
+
     ac = actor_critic(BOX)
     obs = tf.constant(np.random.default_rng(4).normal(size=(10, 5)).astype(np.float32))
     act = np.random.default_rng(5).normal(size=(10, 3)).astype(np.float32)
@@ -193,6 +218,8 @@ def test_log_prob_entropy_kl_box():
 
 
 def test_log_prob_entropy_kl_discrete():
+    import tensorflow as tf
+
     ac = actor_critic(DISCRETE)
     obs = tf.constant(np.random.default_rng(6).normal(size=(10, 5)).astype(np.float32))
     act = np.arange(10, dtype=np.int64) % 4
@@ -213,6 +240,8 @@ def test_log_prob_entropy_kl_discrete():
 @pytest.mark.parametrize("hidden", [(16, 16), (7,), (8, 5, 3)])
 def test_worker_state_has_the_learner_state_shapes_and_dtypes(space, hidden):
     # Workers receive rank 0's learner state into these arrays without building the TensorFlow model.
+    from algos.policy import ActorCritic
+
     learner = [np.asarray(v) for v in ActorCritic(5, space, hidden=hidden).broadcast_state()]
     worker = actor_critic_state_like(ObsSpec((5,)), action_spec(space), hidden)
     assert [(a.shape, a.dtype) for a in worker] == [(a.shape, a.dtype) for a in learner]
@@ -224,6 +253,10 @@ IMAGES = [ObsSpec((84, 84, 4), scale=1 / 255), ObsSpec((10, 10, 6), scale=1.0)]
 
 @pytest.mark.parametrize("obs", IMAGES, ids=["nature", "minatar"])
 def test_numpy_cnn_agrees_with_tensorflow_on_uint8_images(obs):
+    import keras
+
+    from algos.networks import build_cnn, numpy_cnn_forward
+
     keras.utils.set_random_seed(0)
     model = build_cnn(obs, 6, output_gain=1.0)
     high = int(round(1 / obs.scale))
@@ -242,6 +275,8 @@ STRIDED = [(84, 84, 4, 8, 4, 32), (20, 20, 32, 4, 2, 64), (85, 83, 3, 6, 3, 5), 
 
 @pytest.mark.parametrize(("height", "width", "channels", "k", "stride", "filters"), STRIDED)
 def test_a_strided_convolution_by_blocks_is_tensorflows(height, width, channels, k, stride, filters):
+    import tensorflow as tf
+
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, height, width, channels)).astype(np.float32)
     kernel = rng.standard_normal((k, k, channels, filters)).astype(np.float32)
@@ -257,6 +292,11 @@ def test_a_strided_convolution_by_blocks_is_tensorflows(height, width, channels,
     ids=[*(f"{name}-shared" for name in SPACE_IDS), "box-separate", "discrete-separate"])
 @pytest.mark.parametrize("obs", IMAGES, ids=["nature", "minatar"])
 def test_image_policies_worker_state_and_actor_agree_with_the_learner(obs, space, shared_torso):
+    import keras
+    import tensorflow as tf
+
+    from algos.policy import ActorCritic
+
     keras.utils.set_random_seed(1)
     ac = ActorCritic(obs, space, hidden=(64, 64), shared_torso=shared_torso)
     learner = [np.asarray(v) for v in ac.broadcast_state()]
@@ -287,7 +327,11 @@ def test_image_policies_worker_state_and_actor_agree_with_the_learner(obs, space
 @pytest.mark.parametrize("shared_torso", [True, False], ids=["shared", "separate"])
 def test_a_bfloat16_cnn_starts_from_the_same_float32_weights_computes_in_bfloat16_and_its_update_trains_them(
         shared_torso):
+    import keras
+    import tensorflow as tf
+
     from algos import PPO, PPOConfig
+    from algos.policy import ActorCritic
 
     obs = IMAGES[0]
     nets = {}
@@ -325,6 +369,8 @@ def test_a_bfloat16_cnn_starts_from_the_same_float32_weights_computes_in_bfloat1
 
 def test_log_prob_entropy_kl_of_several_categoricals_are_sums_over_them():
     # MultiDiscrete([3, 2, 4]): three independent categoricals over the logits' three slices.
+    import tensorflow as tf
+
     ac = actor_critic(MULTI)
     obs = tf.constant(np.random.default_rng(4).normal(size=(10, 5)).astype(np.float32))
     act = np.stack([np.random.default_rng(i).integers(0, n, 10) for i, n in enumerate((3, 2, 4))], axis=1)

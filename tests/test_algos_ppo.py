@@ -1,20 +1,31 @@
 """PPO: an update runs, learns CartPole quickly, and matches a plain Keras update (resuming: test_algos_registry)."""
 
+from __future__ import annotations
+
 import time
+from typing import TYPE_CHECKING
 
 import gymnasium
-import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from conftest import TENSORFLOW_IN_PROCESS
 
-from algos import PPO, ActorCritic, PPOConfig, RolloutWorker
-from algos.learner_batch import prepare_batch
+from algos import RolloutWorker
 
+if TYPE_CHECKING:  # TensorFlow's modules are imported by the tests that use them (conftest.TENSORFLOW_IN_PROCESS)
+    from algos.policy import ActorCritic
+    from algos.ppo import PPO, PPOConfig
+
+pytestmark = TENSORFLOW_IN_PROCESS
 STAT_KEYS = {"pi_loss", "v_loss", "entropy", "kl", "clip_frac", "epochs", "explained_var", "lr"}
 
 
 def make_learner(seed: int, cfg: PPOConfig | None = None) -> tuple[ActorCritic, PPO]:
+    import keras
+
+    from algos.policy import ActorCritic
+    from algos.ppo import PPO, PPOConfig
+
     keras.utils.set_random_seed(seed)
     ac = ActorCritic(4, gymnasium.make("CartPole-v1").action_space, hidden=(64, 64))
     return ac, PPO(ac, cfg or PPOConfig(), seed=seed)
@@ -47,6 +58,8 @@ def test_one_update_returns_finite_stats_and_updates_normalizers():
 
 
 def test_target_kl_stops_epochs_early():
+    from algos.ppo import PPOConfig
+
     ac, ppo = make_learner(0, PPOConfig(lr=3e-3, target_kl=1e-4))
     (batch,) = cartpole_batches(ac, 1)
     assert update(ppo, batch)["epochs"] < 10
@@ -71,6 +84,11 @@ def test_learns_cartpole():
 def keras_reference_update(ac: ActorCritic, cfg: PPOConfig, seed: int, batch: dict[str, np.ndarray]) -> list[float]:
     """PPO's update written plainly: the Keras models called eagerly, keras.optimizers.Adam, one minibatch at a
     time, the permutations drawn as PPO draws them. Returns [pi_loss, v_loss] averaged over the steps."""
+    import keras
+    import tensorflow as tf
+
+    from algos.learner_batch import prepare_batch
+
     prepared = prepare_batch(ac, batch["obs"], batch["act"], batch["adv"], batch["ret"])
     obs, act, adv, v_target = prepared.obs, prepared.act, prepared.adv, prepared.v_target
 
@@ -106,6 +124,11 @@ def test_update_matches_a_plain_keras_update_on_a_fixed_batch():
     # The update's graph is built for speed (layers as raw ops, one fused Adam kernel per variable, a graph loop
     # over the minibatches); its results must be those of the plain formulation within float32 round-off. 250 rows:
     # the last minibatch of each epoch holds the remainder, 58 rows.
+    import keras
+
+    from algos.policy import ActorCritic
+    from algos.ppo import PPO, PPOConfig
+
     cfg = PPOConfig(epochs=4, target_kl=None)
     action_space = gymnasium.spaces.Box(-1.0, 1.0, (6,), np.float32)
     rng = np.random.default_rng(3)
@@ -133,8 +156,12 @@ def test_an_epoch_split_over_several_calls_updates_the_weights_exactly_as_one_ca
     # At most STEPS_PER_CALL minibatch steps run in one call of the traced loop (rank 0 beats its heart between
     # calls); an epoch of more runs as several calls. 250 rows of 64: 4 minibatches, one call at the default cap,
     # calls of 3 and 1 (the 58-row remainder) at a cap of 3. The weights must not tell them apart.
+    import keras
+
     import algos.learner_batch
     from algos import TRPO, TRPOConfig
+    from algos.policy import ActorCritic
+    from algos.ppo import PPO, PPOConfig
 
     rng = np.random.default_rng(4)
     batch = {"obs": rng.normal(size=(250, 4)).astype(np.float32), "act": rng.integers(0, 2, size=250),

@@ -12,13 +12,12 @@ import json
 import sys
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import keras
 import numpy as np
 import pytest
-from conftest import REPO, run_bounded
+from conftest import REPO, TENSORFLOW_IN_PROCESS, run_bounded
 
-from algos.policy import ActorCritic
 from algos.registry import ALGORITHMS, Algorithm
 from algos.rollout import RolloutWorker
 from algos.spaces import obs_spec
@@ -26,6 +25,10 @@ from envs.make import make_env
 from trainer.config import TrainConfig
 from trainer.resume import as_numpy
 
+if TYPE_CHECKING:  # TensorFlow's modules are imported by the tests that use them (conftest.TENSORFLOW_IN_PROCESS)
+    from algos.policy import ActorCritic
+
+pytestmark = TENSORFLOW_IN_PROCESS
 TESTS = Path(__file__).resolve().parent
 # train.py with one more registry line, added at run time: the entry a new algorithm's author adds to ALGORITHMS.
 REGISTER = ("import sys, train, algos.registry as registry\n"
@@ -72,6 +75,10 @@ def test_importing_the_registry_and_what_train_py_moved_out_imports_no_tensorflo
 
 def build(name: str, seed: int, env_id: str = "CartPole-v1") -> tuple[ActorCritic, Algorithm]:
     """ALGORITHMS[name] with its defaults on an actor-critic for ``env_id`` whose weights ``seed`` draws."""
+    import keras
+
+    from algos.policy import ActorCritic
+
     keras.utils.set_random_seed(seed)
     config = TrainConfig(env_id=env_id, algo=name, seed=seed, **ALGORITHMS[name].defaults)
     env = make_env(env_id)

@@ -3,12 +3,13 @@
 import copy
 
 import gymnasium
-import keras
 import numpy as np
 import pytest
+from conftest import TENSORFLOW_IN_PROCESS
 
-from algos import ActorCritic, NumpyActor, RolloutWorker, gae_advantages
+from algos import NumpyActor, RolloutWorker, gae_advantages
 
+pytestmark = TENSORFLOW_IN_PROCESS
 GAMMA, LAM = 0.9, 0.8
 
 
@@ -31,6 +32,10 @@ class Recorder(gymnasium.Wrapper):
 
 def make_actor(env: gymnasium.Env, init_log_std: float = 0.0) -> NumpyActor:
     """A freshly initialized actor whose values are far from 0 (ret_rms holds made-up statistics)."""
+    import keras
+
+    from algos.policy import ActorCritic
+
     keras.utils.set_random_seed(0)
     ac = ActorCritic(env.observation_space.shape[0], env.action_space, hidden=(64, 64), init_log_std=init_log_std)
     ac.ret_rms.update(np.random.default_rng(0).normal(-5.0, 3.0, size=(50, 1)))

@@ -1,17 +1,29 @@
 """TRPO: an update stays inside the trust region (resuming: test_algos_registry)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import gymnasium
-import keras
 import numpy as np
+from conftest import TENSORFLOW_IN_PROCESS
 
-from algos import TRPO, ActorCritic, RolloutWorker, TRPOConfig
-from algos.trpo import _conjugate_gradient
+from algos import RolloutWorker
 
+if TYPE_CHECKING:  # TensorFlow's modules are imported by the tests that use them (conftest.TENSORFLOW_IN_PROCESS)
+    from algos.policy import ActorCritic
+    from algos.trpo import TRPO, TRPOConfig
+
+pytestmark = TENSORFLOW_IN_PROCESS
 STAT_KEYS = {"pi_loss", "v_loss", "entropy", "kl", "backtracks", "explained_var"}
 
 
 def make_learner(env_id: str, seed: int, cfg: TRPOConfig | None = None) -> tuple[ActorCritic, TRPO]:
+    import keras
+
+    from algos.policy import ActorCritic
+    from algos.trpo import TRPO, TRPOConfig
+
     keras.utils.set_random_seed(seed)
     env = gymnasium.make(env_id)
     ac = ActorCritic(env.observation_space.shape[0], env.action_space, hidden=(64, 64))
@@ -29,6 +41,8 @@ def update(trpo: TRPO, batch: dict[str, np.ndarray]) -> dict[str, float]:
 
 
 def test_conjugate_gradient_solves_spd_system():
+    from algos.trpo import _conjugate_gradient
+
     rng = np.random.default_rng(0)
     m = rng.normal(size=(6, 6))
     a = m @ m.T + 0.5 * np.eye(6)
@@ -38,6 +52,8 @@ def test_conjugate_gradient_solves_spd_system():
 
 
 def check_update(env_id: str) -> None:
+    from algos.trpo import TRPOConfig
+
     cfg = TRPOConfig(vf_epochs=2)
     ac, trpo = make_learner(env_id, 0, cfg)
     (batch,) = batches(env_id, ac, 1)
