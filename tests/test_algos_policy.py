@@ -15,7 +15,7 @@ from algos.numpy_actor import actor_critic_state_like, conv2d
 from algos.spaces import ObsSpec, action_spec
 
 if TYPE_CHECKING:  # TensorFlow's modules are imported by the tests that use them (conftest.TENSORFLOW_IN_PROCESS)
-    from algos.policy import ActorCritic
+    from algos import ActorCritic
 
 pytestmark = TENSORFLOW_IN_PROCESS
 BOX = gymnasium.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
@@ -30,7 +30,7 @@ def actor_critic(space, seed: int = 0, init_log_std: float = -0.5) -> ActorCriti
     """An ActorCritic whose normalizers hold non-trivial statistics, so the tests see them used."""
     import keras
 
-    from algos.policy import ActorCritic
+    from algos import ActorCritic
 
     keras.utils.set_random_seed(seed)
     ac = ActorCritic(5, space, hidden=(16, 16), init_log_std=init_log_std)
@@ -43,7 +43,7 @@ def actor_critic(space, seed: int = 0, init_log_std: float = -0.5) -> ActorCriti
 def test_build_mlp_layout_and_init():
     import keras
 
-    from algos.networks import build_mlp
+    from algos import build_mlp
 
     keras.utils.set_random_seed(0)
     model = build_mlp(5, 3, (16, 8), output_gain=0.01)
@@ -59,7 +59,7 @@ def test_build_mlp_layout_and_init():
 def test_numpy_forward_equals_keras():
     import keras
 
-    from algos.networks import build_mlp
+    from algos import build_mlp
 
     keras.utils.set_random_seed(1)
     model = build_mlp(5, 3, (16, 8), output_gain=1.0)
@@ -72,7 +72,7 @@ def test_numpy_forward_equals_keras():
 def test_variables_and_broadcast_state():
     import tensorflow as tf
 
-    from algos.policy import ActorCritic
+    from algos import ActorCritic
 
     ac = actor_critic(BOX)
     variables = ac.variables()
@@ -240,7 +240,7 @@ def test_log_prob_entropy_kl_discrete():
 @pytest.mark.parametrize("hidden", [(16, 16), (7,), (8, 5, 3)])
 def test_worker_state_has_the_learner_state_shapes_and_dtypes(space, hidden):
     # Workers receive rank 0's learner state into these arrays without building the TensorFlow model.
-    from algos.policy import ActorCritic
+    from algos import ActorCritic
 
     learner = [np.asarray(v) for v in ActorCritic(5, space, hidden=hidden).broadcast_state()]
     worker = actor_critic_state_like(ObsSpec((5,)), action_spec(space), hidden)
@@ -295,7 +295,7 @@ def test_image_policies_worker_state_and_actor_agree_with_the_learner(obs, space
     import keras
     import tensorflow as tf
 
-    from algos.policy import ActorCritic
+    from algos import ActorCritic
 
     keras.utils.set_random_seed(1)
     ac = ActorCritic(obs, space, hidden=(64, 64), shared_torso=shared_torso)
@@ -330,8 +330,7 @@ def test_a_bfloat16_cnn_starts_from_the_same_float32_weights_computes_in_bfloat1
     import keras
     import tensorflow as tf
 
-    from algos import PPO, PPOConfig
-    from algos.policy import ActorCritic
+    from algos import PPO, ActorCritic, PPOConfig
 
     obs = IMAGES[0]
     nets = {}

@@ -13,8 +13,7 @@ from conftest import TENSORFLOW_IN_PROCESS
 from algos import RolloutWorker
 
 if TYPE_CHECKING:  # TensorFlow's modules are imported by the tests that use them (conftest.TENSORFLOW_IN_PROCESS)
-    from algos.policy import ActorCritic
-    from algos.ppo import PPO, PPOConfig
+    from algos import PPO, ActorCritic, PPOConfig
 
 pytestmark = TENSORFLOW_IN_PROCESS
 STAT_KEYS = {"pi_loss", "v_loss", "entropy", "kl", "clip_frac", "epochs", "explained_var", "lr"}
@@ -23,8 +22,7 @@ STAT_KEYS = {"pi_loss", "v_loss", "entropy", "kl", "clip_frac", "epochs", "expla
 def make_learner(seed: int, cfg: PPOConfig | None = None) -> tuple[ActorCritic, PPO]:
     import keras
 
-    from algos.policy import ActorCritic
-    from algos.ppo import PPO, PPOConfig
+    from algos import PPO, ActorCritic, PPOConfig
 
     keras.utils.set_random_seed(seed)
     ac = ActorCritic(4, gymnasium.make("CartPole-v1").action_space, hidden=(64, 64))
@@ -58,7 +56,7 @@ def test_one_update_returns_finite_stats_and_updates_normalizers():
 
 
 def test_target_kl_stops_epochs_early():
-    from algos.ppo import PPOConfig
+    from algos import PPOConfig
 
     ac, ppo = make_learner(0, PPOConfig(lr=3e-3, target_kl=1e-4))
     (batch,) = cartpole_batches(ac, 1)
@@ -126,8 +124,7 @@ def test_update_matches_a_plain_keras_update_on_a_fixed_batch():
     # the last minibatch of each epoch holds the remainder, 58 rows.
     import keras
 
-    from algos.policy import ActorCritic
-    from algos.ppo import PPO, PPOConfig
+    from algos import PPO, ActorCritic, PPOConfig
 
     cfg = PPOConfig(epochs=4, target_kl=None)
     action_space = gymnasium.spaces.Box(-1.0, 1.0, (6,), np.float32)
@@ -159,9 +156,7 @@ def test_an_epoch_split_over_several_calls_updates_the_weights_exactly_as_one_ca
     import keras
 
     import algos.learner_batch
-    from algos import TRPO, TRPOConfig
-    from algos.policy import ActorCritic
-    from algos.ppo import PPO, PPOConfig
+    from algos import PPO, TRPO, ActorCritic, PPOConfig, TRPOConfig
 
     rng = np.random.default_rng(4)
     batch = {"obs": rng.normal(size=(250, 4)).astype(np.float32), "act": rng.integers(0, 2, size=250),

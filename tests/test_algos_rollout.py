@@ -34,7 +34,7 @@ def make_actor(env: gymnasium.Env, init_log_std: float = 0.0) -> NumpyActor:
     """A freshly initialized actor whose values are far from 0 (ret_rms holds made-up statistics)."""
     import keras
 
-    from algos.policy import ActorCritic
+    from algos import ActorCritic
 
     keras.utils.set_random_seed(0)
     ac = ActorCritic(env.observation_space.shape[0], env.action_space, hidden=(64, 64), init_log_std=init_log_std)

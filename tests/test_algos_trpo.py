@@ -11,8 +11,7 @@ from conftest import TENSORFLOW_IN_PROCESS
 from algos import RolloutWorker
 
 if TYPE_CHECKING:  # TensorFlow's modules are imported by the tests that use them (conftest.TENSORFLOW_IN_PROCESS)
-    from algos.policy import ActorCritic
-    from algos.trpo import TRPO, TRPOConfig
+    from algos import TRPO, ActorCritic, TRPOConfig
 
 pytestmark = TENSORFLOW_IN_PROCESS
 STAT_KEYS = {"pi_loss", "v_loss", "entropy", "kl", "backtracks", "explained_var"}
@@ -21,8 +20,7 @@ STAT_KEYS = {"pi_loss", "v_loss", "entropy", "kl", "backtracks", "explained_var"
 def make_learner(env_id: str, seed: int, cfg: TRPOConfig | None = None) -> tuple[ActorCritic, TRPO]:
     import keras
 
-    from algos.policy import ActorCritic
-    from algos.trpo import TRPO, TRPOConfig
+    from algos import TRPO, ActorCritic, TRPOConfig
 
     keras.utils.set_random_seed(seed)
     env = gymnasium.make(env_id)
@@ -52,7 +50,7 @@ def test_conjugate_gradient_solves_spd_system():
 
 
 def check_update(env_id: str) -> None:
-    from algos.trpo import TRPOConfig
+    from algos import TRPOConfig
 
     cfg = TRPOConfig(vf_epochs=2)
     ac, trpo = make_learner(env_id, 0, cfg)
