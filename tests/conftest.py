@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,6 +72,27 @@ def mpiexec(nprocs: int, script: str, *args: str, timeout: float = 90, env: dict
 @pytest.fixture
 def run_mpi():
     return mpiexec
+
+
+# A finished CartPole run of two 1,536-step iterations on two processes, a checkpoint after each: what the tests that
+# resume a run, or are refused, start from. Trained once by the worker that runs the group (each test gets a copy).
+SMALL_RUN = ("CartPole-v1", "--nprocs", "2", "--batch_size", "1536", "--total_steps", "3072", "--checkpoint_every", "1",
+             *FEW_MINIBATCHES)
+USES_SMALL_RUN = pytest.mark.xdist_group("small_run")
+
+
+@pytest.fixture(scope="session")
+def _small_run_trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    logdir = tmp_path_factory.mktemp("small_run")
+    result = run_bounded([sys.executable, str(REPO / "train.py"), *SMALL_RUN, "--logdir", str(logdir)], timeout=120)
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return next(logdir.glob("*/config.json")).parent
+
+
+@pytest.fixture
+def small_run(_small_run_trained: Path, tmp_path: Path) -> Path:
+    """A copy of SMALL_RUN's run directory for this test alone (mark the test USES_SMALL_RUN)."""
+    return Path(shutil.copytree(_small_run_trained, tmp_path / _small_run_trained.name))
 
 
 @pytest.fixture(autouse=True, scope="session")

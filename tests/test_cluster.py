@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FEW_MINIBATCHES, REPO, launcher, run_bounded
-from test_train import TRAIN, progress, train
+from conftest import FEW_MINIBATCHES, REPO, USES_SMALL_RUN, launcher, run_bounded
+from test_train import TRAIN, train
 
 from trainer.checkpoint import load_checkpoint
 from trainer.kernels import runs_avx2_kernels
@@ -30,16 +30,6 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_resume_without_nprocs_keeps_the_run_s_process_count(tmp_path):
-    part, _ = train("CartPole-v1", "--nprocs", "3", "--batch_size", "1536", "--total_steps", "3072",
-                    *FEW_MINIBATCHES, "--logdir", str(tmp_path))
-    resumed, out = train("--resume", str(part), "--total_steps", "4608")
-    assert "PPO on CartPole-v1: 3 processes" in out, out
-    assert "fresh episodes" not in out  # the same count continues every rank's episodes
-    assert json.loads((resumed / "config.json").read_text())["nprocs"] == 3
-    assert [int(r["total_steps"]) for r in progress(resumed)] == [1536, 3072, 4608]
-
-
 def test_set_up_error_on_rank_0_ends_every_rank_at_once(tmp_path):
     # Under an outside launcher rank 0 alone reads the run directory; the others learn of its error from it.
     command, settings = launcher("-n", "3", sys.executable, TRAIN, "--resume", str(tmp_path / "nothing"))
@@ -51,7 +41,8 @@ def test_set_up_error_on_rank_0_ends_every_rank_at_once(tmp_path):
     assert "not a run directory (no config.json)" in result.stderr
 
 
-def test_resume_of_what_is_not_a_resumable_run_is_one_line(tmp_path):
+@USES_SMALL_RUN
+def test_resume_of_what_is_not_a_resumable_run_is_one_line(tmp_path, small_run):
     not_a_run = tmp_path / "other"
     not_a_run.mkdir()
     (not_a_run / "config.json").write_text('{"lr": 0.1}')
@@ -61,15 +52,17 @@ def test_resume_of_what_is_not_a_resumable_run_is_one_line(tmp_path):
     assert f"cannot read {not_a_run / 'config.json'}: Expecting property name" in \
         one_error_line(run_bounded([sys.executable, TRAIN, "--resume", str(not_a_run)], 60))
 
-    run_dir, _ = train("CartPole-v1", "--total_steps", "2048", "--checkpoint_every", "1", *FEW_MINIBATCHES, "--logdir",
-                       str(tmp_path / "runs"))
-    checkpoint = run_dir / "checkpoints" / "ckpt_00000001.npz"
-    checkpoint.write_bytes(checkpoint.read_bytes()[:500])  # every checkpoint corrupt
-    line = one_error_line(run_bounded([sys.executable, TRAIN, "--resume", str(run_dir)], 60))
+    checkpoints = sorted((small_run / "checkpoints").glob("ckpt_*.npz"))
+    assert len(checkpoints) == 2
+    for checkpoint in checkpoints:  # every checkpoint corrupt
+        checkpoint.write_bytes(checkpoint.read_bytes()[:500])
+    line = one_error_line(run_bounded([sys.executable, TRAIN, "--resume", str(small_run)], 60))
     assert "no usable checkpoint" in line and "ckpt_00000001.npz is truncated or corrupted" in line, line
+    assert "ckpt_00000002.npz is truncated or corrupted" in line, line
     assert line.endswith("there is nothing to continue from: start a new run"), line
-    checkpoint.unlink()  # killed before its first checkpoint
-    line = one_error_line(run_bounded([sys.executable, TRAIN, "--resume", str(run_dir)], 60))
+    for checkpoint in checkpoints:  # killed before its first checkpoint
+        checkpoint.unlink()
+    line = one_error_line(run_bounded([sys.executable, TRAIN, "--resume", str(small_run)], 60))
     assert "no usable checkpoint" in line and "(no ckpt_*.npz files)" in line, line
 
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FEW_MINIBATCHES, REPO, WAITS, run_bounded
+from conftest import FEW_MINIBATCHES, REPO, USES_SMALL_RUN, WAITS, run_bounded
 from test_train import TRAIN, progress, train
 
 import mpi_util
@@ -164,15 +164,14 @@ def test_signal_stops_at_safe_point_with_checkpoint(tmp_path, signum):
     assert_no_process_left(tmp_path)
 
 
-def test_corrupted_checkpoint_is_reported_and_previous_used(tmp_path):
-    run_dir, _ = train("CartPole-v1", "--nprocs", "2", "--total_steps", "8192", "--checkpoint_every", "2",
-                       *FEW_MINIBATCHES, "--logdir", str(tmp_path))
-    newest = run_dir / "checkpoints" / "ckpt_00000004.npz"
+@USES_SMALL_RUN
+def test_corrupted_checkpoint_is_reported_and_previous_used(small_run):
+    newest = small_run / "checkpoints" / "ckpt_00000002.npz"
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated, as by a crash mid-copy
-    _, out = train("--resume", str(run_dir), "--nprocs", "2", "--total_steps", "10240")
-    assert "skipping" in out and "ckpt_00000004.npz is truncated or corrupted (checksum mismatch)" in out
-    assert "from ckpt_00000002.npz: iteration 2, step 4096" in out
-    assert [int(r["iteration"]) for r in progress(run_dir)] == [1, 2, 3, 4, 5]
+    _, out = train("--resume", str(small_run), "--total_steps", "4608")
+    assert "skipping" in out and "ckpt_00000002.npz is truncated or corrupted (checksum mismatch)" in out
+    assert "from ckpt_00000001.npz: iteration 1, step 1536" in out
+    assert [int(r["iteration"]) for r in progress(small_run)] == [1, 2, 3]
 
 
 def test_full_disk_at_checkpoint_names_last_good_one(tmp_path):
@@ -203,14 +202,6 @@ def test_unwritable_log_directory_fails_before_training(tmp_path):
     assert result.stderr.startswith("train.py: error: ") and "Not a directory" in result.stderr
 
 
-def test_resume_of_another_algorithm_is_refused(tmp_path):
-    run_dir, _ = train("CartPole-v1", "--nprocs", "1", "--total_steps", "2048", *FEW_MINIBATCHES,
-                       "--logdir", str(tmp_path))
-    result = run_bounded([sys.executable, TRAIN, "--resume", str(run_dir), "--algo", "trpo"], timeout=60)
-    assert result.returncode == 2
-    assert f"--resume {run_dir} is a ppo run, not trpo" in result.stderr
-
-
 def test_missing_mpiexec_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(launch, "_loaded_mpi_library_path", lambda: "/nowhere/lib/libmpi.so.12")
     monkeypatch.setattr(sys, "executable", "/nowhere/bin/python")
@@ -238,15 +229,15 @@ def test_signal_after_training_ended_still_exits_cleanly(tmp_path):
     assert_no_process_left(tmp_path)
 
 
-def test_run_directory_in_use_is_refused(tmp_path):
-    run_dir, _ = train("CartPole-v1", "--nprocs", "1", "--total_steps", "2048", *FEW_MINIBATCHES,
-                       "--logdir", str(tmp_path))
-    job = subprocess.Popen([sys.executable, TRAIN, "--resume", str(run_dir), "--nprocs", "2", "--total_steps",
-                            "1000000"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+@USES_SMALL_RUN
+def test_run_directory_in_use_is_refused(small_run):
+    run_dir = small_run
+    job = subprocess.Popen([sys.executable, TRAIN, "--resume", str(run_dir), "--total_steps", "1000000"], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                            env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
         for line in job.stdout:  # rank 0 holds the lock once it prints its first iteration
-            if line.strip().startswith("2 "):
+            if line.strip().startswith("3 "):
                 break
         result = run_bounded([sys.executable, TRAIN, "--resume", str(run_dir)], timeout=60)
     finally:

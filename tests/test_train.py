@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FEW_MINIBATCHES, REPO, run_bounded
+from conftest import FEW_MINIBATCHES, REPO, USES_SMALL_RUN, run_bounded
 
 from algos.numpy_actor import NumpyActor
 from algos.registry import ALGORITHMS
@@ -277,11 +277,12 @@ def test_evaluation_scores_the_policy_keeps_the_best_and_changes_nothing_of_the_
     assert f"mean return {spec['eval_return_mean']:.1f} over 3 episodes" in played.stdout, played.stdout
 
 
-def test_resume_with_different_nprocs_keeps_counters_and_other_versions_are_named(runs_dir):
+@USES_SMALL_RUN
+def test_resume_with_other_nprocs_keeps_counters_other_versions_are_named_and_a_resume_without_nprocs_keeps_them(
+        small_run):
     from trainer.checkpoint import load_latest_checkpoint, save_checkpoint
 
-    part, _ = train("CartPole-v1", "--nprocs", "2", "--total_steps", "4096", *FEW_MINIBATCHES,
-                    "--logdir", str(runs_dir / "renproc"))
+    part = small_run  # 2 processes, 2 iterations of 1,536 steps
     versions = json.loads((part / "config.json").read_text())["versions"]
     assert {"python", "numpy", "tensorflow", "gymnasium", "mujoco", "mpi4py", "mpi_library", "cpu_model",
             "openblas_coretype"} <= set(versions), versions
@@ -290,14 +291,19 @@ def test_resume_with_different_nprocs_keeps_counters_and_other_versions_are_name
     assert state["versions"] == versions
     state["versions"] = {**versions, "numpy": "1.0.0"}
     save_checkpoint(part / "checkpoints", int(path.stem.split("_")[1]), state)
-    resumed, out = train("--resume", str(part), "--nprocs", "3", "--total_steps", "8192")
+    resumed, out = train("--resume", str(part), "--nprocs", "3", "--total_steps", "6144")
     assert "(was 2 processes: fresh episodes)" in out
     warnings = [line for line in out.splitlines() if "other versions" in line]
     assert warnings == [f"train.py: warning: {path.name} was written with other versions (numpy 1.0.0 -> "
                         f"{versions['numpy']}); the run continues, but not bit for bit as it would have"], out
-    rows = progress(resumed)
-    assert [int(r["total_steps"]) for r in rows] == [2048, 4096, 6144, 8192]
+    assert [int(r["total_steps"]) for r in progress(resumed)] == [1536, 3072, 4608, 6144]
     assert json.loads((resumed / "config.json").read_text())["nprocs"] == 3
+    # Without --nprocs a resume keeps the run's count, and with it every rank's episodes.
+    resumed, out = train("--resume", str(part), "--total_steps", "7680")
+    assert "PPO on CartPole-v1: 3 processes" in out, out
+    assert "fresh episodes" not in out and "other versions" not in out, out
+    assert json.loads((resumed / "config.json").read_text())["nprocs"] == 3
+    assert [int(r["total_steps"]) for r in progress(resumed)][-2:] == [6144, 7680]
 
 
 def test_bare_env_name_resolves_to_newest_version():
@@ -389,19 +395,20 @@ def test_workers_import_no_tensorflow(tmp_path):
     assert max(reports[1]["resident_mb"], reports[2]["resident_mb"]) < 250, reports  # TensorFlow alone is ~580 MB
 
 
-def test_resume_honours_changes_however_spelled_and_refuses_the_rest(tmp_path):
-    run_dir, _ = train("Pendulum-v1", "--batch_size", "512", *FEW_MINIBATCHES, "--total_steps", "1024",
-                       "--logdir", str(tmp_path))
-    train("--resume", str(run_dir), "--total_steps=2048")  # "=" form
+@USES_SMALL_RUN
+def test_resume_honours_changes_however_spelled_and_refuses_the_rest(small_run):
+    run_dir = small_run  # 2 iterations of 1,536 steps
+    train("--resume", str(run_dir), "--total_steps=4608")  # "=" form
+    assert len(progress(run_dir)) == 3
+    train("--resume", str(run_dir), "--total", "6144")  # an abbreviation argparse accepts
     assert len(progress(run_dir)) == 4
-    train("--resume", str(run_dir), "--total", "3072")  # an abbreviation argparse accepts
-    assert len(progress(run_dir)) == 6
     for args, message in [(["--algo=trpo"], f"--resume {run_dir} is a ppo run, not trpo"),
+                          (["--algo", "trpo"], f"--resume {run_dir} is a ppo run, not trpo"),
                           (["--lr", "0.001"], "--lr is 0.0003 in this run and cannot be changed when resuming"),
                           (["--hidden", "32"], "--hidden is (64, 64) in this run and cannot be changed")]:
         result = run_bounded([sys.executable, TRAIN, "--resume", str(run_dir), *args], timeout=60)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
-    assert len(progress(run_dir)) == 6
+    assert len(progress(run_dir)) == 4
 
 
 def test_lr_sets_trpo_value_function_learning_rate_and_config_records_it(tmp_path):
