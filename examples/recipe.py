@@ -5,7 +5,7 @@ samples noisy data from its own seed, rank 0 fits a Keras model on everyone's ro
 new weights. The loop below is the recipe the README and docs/mpi_util.md show, line for line (a test checks
 that). At the end rank 0 prints every rank's checksum of its weights; they are bit-identical.
 
-    python examples/recipe.py --nprocs 3
+    python examples/recipe.py --nprocs 2
 """
 
 import argparse
