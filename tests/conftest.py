@@ -18,6 +18,12 @@ from mpi_util.launch import OPEN_MPI_DEFAULTS, mpi_library_is_open_mpi
 # this process starts after a test imported TensorFlow would inherit it and print TensorFlow's start-up lines. JAX
 # runs only in the jobs of the tests that use it.
 sys.modules.setdefault("jax", None)  # type: ignore[arg-type]
+# The test command installs torch with pip --no-compile (pip compiles on one core: 16 of its 24 s) and the rest with
+# uv --compile-bytecode. Python then writes the bytecode of a torch module the first time a job imports it, unless
+# PYTHONDONTWRITEBYTECODE is set, as some machines' environments do; cleared for this process and every job it starts,
+# lest each of the suite's 50-odd torch processes compile torch again (1.6 CPU-s each).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
