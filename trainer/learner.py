@@ -23,7 +23,7 @@ from trainer.config import TrainConfig
 from trainer.counters import Counters
 from trainer.evaluate import BEST_POLICY, write_policy_file
 from trainer.kernels import rank0_tensorflow_kernels
-from trainer.resume import as_numpy, kept_checkpoint_note
+from trainer.resume import as_numpy, kept_checkpoint_note, processes
 from trainer.run_dir import RunDirLock, lock_run_dir
 from trainer.versions import stack_versions, version_changes
 
@@ -99,7 +99,7 @@ class Learner:
         config = self.config
         self.open_logs(resuming, counters.iteration, job)
         counters.stop = counters.budget_spent(config)
-        mpi_util.print0(f"{config.algo.upper()} on {config.env_id}: {mpi_util.nworkers} processes, batch "
+        mpi_util.print0(f"{config.algo.upper()} on {config.env_id}: {processes(mpi_util.nworkers)}, batch "
                         f"{config.batch_size} steps, budget {config.total_steps} steps; run directory {self.run_dir}")
         if config.total_steps < config.batch_size:
             mpi_util.print0(f"train.py: note: the budget is spent in whole batches: --total_steps "

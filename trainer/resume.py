@@ -44,6 +44,11 @@ class Learner(Protocol):
         """The user's key that signs the environments' snapshots, or None."""
 
 
+def processes(n: int) -> str:
+    """A job's size as train.py prints it: '1 process', '3 processes'."""
+    return f"{n} process" if n == 1 else f"{n} processes"
+
+
 def restore(run_dir: Path, learner: Learner | None, counters: Counters, worker: RolloutWorker,
             action_rng: np.random.Generator, fresh_worker: Callable[[tuple[int, ...]], tuple]) -> tuple:
     """Continue from the newest good checkpoint: rank 0 loads the learner (weights, the algorithm's optimizer and RNG,
@@ -64,7 +69,7 @@ def restore(run_dir: Path, learner: Learner | None, counters: Counters, worker: 
         same_layout = state["nprocs"] == nprocs
         mpi_util.print0(f"resuming {run_dir} from {path.name}: iteration {counters.iteration}, step "
                         f"{counters.total_steps}" + ("" if same_layout else
-                                                     f" (was {state['nprocs']} processes: fresh episodes)"))
+                                                     f" (was {processes(state['nprocs'])}: fresh episodes)"))
         if same_layout:
             per_rank_state = signed_by_user(state["ranks"], path.name, user_key(create=False))
     # Every rank's state travels to all (a few tens of kB each); each keeps its own.
