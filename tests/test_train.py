@@ -215,7 +215,7 @@ def test_shared_batch_split_fills_every_batch_and_keeps_ranks_in_sync(runs_dir):
 
 
 # Every algorithm: the first with two envs per rank, the others with one.
-RESUMES = [(algo, 2, 28) if i == 0 else (algo, 1, 30) for i, algo in enumerate(ALGORITHMS)]
+RESUMES = [(algo, 2, 12) if i == 0 else (algo, 1, 14) for i, algo in enumerate(ALGORITHMS)]
 
 
 @pytest.mark.parametrize(("algo", "envs_per_rank", "episodes_by_iteration_3"), RESUMES)
@@ -223,11 +223,11 @@ def test_resume_continues_exactly_like_an_uninterrupted_run_and_the_seed_decides
         runs_dir, algo, envs_per_rank, episodes_by_iteration_3):
     # The same step budget for both, so the linear learning-rate schedule is the same: the first part stops
     # on an episode budget instead (Pendulum's episodes all last 200 steps; after iteration 3 each of the 2 x 1
-    # envs has run 3072 steps, 15 episodes, and each of the 2 x 2 envs 1536 steps, 7 episodes). Evaluations at
-    # iterations 2, 4 and 6 continue too, with the best so far.
+    # envs has run 1536 steps, 7 episodes (5 after iteration 2), and each of the 2 x 2 envs 768 steps, 3 episodes
+    # (2)). Evaluations at iterations 2, 4 and 6 continue too, with the best so far.
     common = ["Pendulum-v1", "--algo", algo, "--nprocs", "2", "--envs_per_rank", str(envs_per_rank),
-              "--checkpoint_every", "3", "--total_steps", "12288", "--eval_every", "2", "--eval_episodes", "3",
-              *FEW_MINIBATCHES]
+              "--batch_size", "1024", "--checkpoint_every", "3", "--total_steps", "6144", "--eval_every", "2",
+              "--eval_episodes", "3", *FEW_MINIBATCHES]
     whole, _ = train(*common, "--logdir", str(runs_dir / f"whole_{algo}{envs_per_rank}"))
     part, _ = train(*common, "--num_episodes", str(episodes_by_iteration_3),
                     "--logdir", str(runs_dir / f"part_{algo}{envs_per_rank}"))
@@ -240,7 +240,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run_and_the_seed_decides
         assert reproducible_part(progress(other))[0] != reproducible_part(progress(whole))[0]
     resumed, out = train("--resume", str(part), "--nprocs", "2", "--num_episodes", "1000")
     assert resumed == part
-    assert "from ckpt_00000003.npz: iteration 3, step 6144" in out
+    assert "from ckpt_00000003.npz: iteration 3, step 3072" in out
     assert reproducible_part(progress(resumed)) == reproducible_part(progress(whole))
     assert in_documented_order(list(progress(whole)[0]))
     best = [NumpyActor.load(run / "best_policy.npz") for run in (resumed, whole)]
