@@ -87,6 +87,25 @@ def test_failing_rank_aborts_job_with_nonzero_status(nprocs):
     assert f"parent: job exited with {result.returncode}" in result.stdout
 
 
+def rank_pids(job: subprocess.Popen, count: int, timeout: float) -> dict[int, int]:
+    """{rank: pid} from the job's "rank R pid P" lines, read until ``count`` ranks have printed theirs, the job's
+    output closes or ``timeout`` s have passed (a job hung at its start fails the test then, not at pytest's limit).
+    Reads the pipe's descriptor itself: select() cannot see what a buffered reader already holds."""
+    pids: dict[int, int] = {}
+    pending, deadline, fd = b"", time.monotonic() + timeout, job.stdout.fileno()
+    while len(pids) < count and (left := deadline - time.monotonic()) > 0:
+        if not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:  # the job ended
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            if match := re.match(rb"rank (\d+) pid (\d+)$", line.strip()):
+                pids[int(match[1])] = int(match[2])
+    return pids
+
+
 def test_the_rank_that_died_first_is_named_even_when_the_launching_process_learns_of_it_late():
     # The launching process tells which rank ended first by the order in which the ranks' connections to it closed.
     # Stopped (SIGSTOP) while rank 1 is killed and mpiexec kills ranks 0 and 2 in turn, as a loaded machine may leave
@@ -96,13 +115,8 @@ def test_the_rank_that_died_first_is_named_even_when_the_launching_process_learn
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     pidfds = []
     try:
-        pids = {}
-        for line in job.stdout:
-            if match := re.match(r"rank (\d+) pid (\d+)$", line.strip()):
-                pids[int(match[1])] = int(match[2])
-            if len(pids) == 3:
-                break
-        assert len(pids) == 3, f"the ranks did not all start: {pids}"
+        pids = rank_pids(job, 3, timeout=60)
+        assert len(pids) == 3, f"the ranks did not all start within 60 s: {pids}"
         others = [os.pidfd_open(pids[rank]) for rank in (0, 2)]
         pidfds.extend(others)
         os.kill(job.pid, signal.SIGSTOP)
