@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +54,83 @@ def run_bounded(command: list[str], timeout: float, env: dict[str, str] | None =
             f"timed out after {timeout} s: {' '.join(command)}\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}"
         )
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+class JobOutput:
+    """A running job's piped stdout and stderr, read as they come, so that a test that waits for a line does so
+    with a deadline, and so that the pipe the test is not waiting on cannot fill: a launcher blocked writing one
+    stream stops forwarding every rank's output on both."""
+
+    def __init__(self, job: subprocess.Popen):
+        self.job = job
+        self._fds = [stream.fileno() if stream is not None else -1 for stream in (job.stdout, job.stderr)]
+        self._read_so_far = {fd: bytearray() for fd in self._fds}
+        self._open = {fd for fd in self._fds if fd >= 0}
+
+    @property
+    def stdout(self) -> str:
+        return self._read_so_far[self._fds[0]].decode(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self._read_so_far[self._fds[1]].decode(errors="replace")
+
+    def _read(self, deadline: float) -> bool:
+        """Read what is ready before ``deadline``; False when nothing came by then or both streams have ended."""
+        left = deadline - time.monotonic()
+        if not self._open or left <= 0:
+            return False
+        ready = select.select(list(self._open), [], [], left)[0]
+        for fd in ready:
+            chunk = os.read(fd, 65536)  # the descriptor itself: select() cannot see what a buffered reader holds
+            if chunk:
+                self._read_so_far[fd] += chunk
+            else:
+                self._open.discard(fd)
+        return bool(ready)
+
+    def wait_for(self, pattern: str, timeout: float, what: str, count: int = 1) -> str:
+        """Read until ``count`` of the job's complete stdout lines match ``pattern`` (a regular expression, ^ and $ at
+        each line), and return those lines so far; fail the test, with both streams' ends, when the job's output ends
+        or ``timeout`` s pass first."""
+        deadline = time.monotonic() + timeout
+        while len(re.findall(pattern, lines := self.stdout[:self.stdout.rfind("\n") + 1], re.MULTILINE)) < count:
+            if not self._read(deadline):
+                state = "the job's output ended" if not self._open else f"not within {timeout} s"
+                pytest.fail(f"{what}: {state}\nstdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}\n"
+                            f"the job's processes (pid, state, kernel wait, command):\n{process_tree(self.job.pid)}")
+        return lines
+
+    def finish(self, timeout: float) -> tuple[str, str]:
+        """Read both streams to their end and wait for the job, within ``timeout`` s; its whole stdout and stderr."""
+        deadline = time.monotonic() + timeout
+        while self._read(deadline):
+            pass
+        self.job.wait(timeout=max(deadline - time.monotonic(), 1))
+        return self.stdout, self.stderr
+
+
+def process_tree(root: int) -> str:
+    """One line for ``root`` and each of its descendants: pid, state, where in the kernel it waits, its command."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            # the command may hold spaces and parentheses: the fields after its closing one are the state and the parent
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError, IndexError):
+            continue
+    lines, pending = [], [root]
+    while pending:
+        pid = pending.pop()
+        try:
+            state = (Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split() or ["?"])[0]
+            wait = Path("/proc", str(pid), "wchan").read_text() or "-"
+            command = Path("/proc", str(pid), "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        lines.append(f"{pid} {state} {wait} {command[:160]}")
+        pending.extend(child for child, parent in parents.items() if parent == pid)
+    return "\n".join(lines)
 
 
 def launcher(*args: str) -> tuple[list[str], dict[str, str]]:

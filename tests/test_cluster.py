@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FEW_MINIBATCHES, REPO, USES_SMALL_RUN, launcher, run_bounded
+from conftest import FEW_MINIBATCHES, REPO, USES_SMALL_RUN, JobOutput, launcher, run_bounded
 from test_train import TRAIN, train
 
 from trainer.checkpoint import load_checkpoint
@@ -93,15 +93,14 @@ def test_logs_that_become_unwritable_name_the_checkpoint_to_resume_from(tmp_path
     job = subprocess.Popen([sys.executable, TRAIN, "CartPole-v1", "--batch_size", "256", "--total_steps", "1000000",
                             "--checkpoint_every", "1", "--logdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
-    try:
-        for line in job.stdout:  # rank 0 prints its line after writing the row of that iteration
-            if line.split()[:1] == ["3"]:
-                break
+    output = JobOutput(job)
+    try:  # rank 0 prints an iteration's line after writing its row
+        output.wait_for(r"^\s*3\s", 120, "iteration 3's line")
         run_dir = next(tmp_path.iterdir())
         csv_path = run_dir / "progress.csv"
         csv_path.unlink()
         csv_path.mkdir()  # the next row cannot be written: as on a directory gone read-only, or a lost mount
-        _, stderr = job.communicate(timeout=60)
+        _, stderr = output.finish(timeout=60)
     finally:
         job.kill()
     assert job.returncode != 0

@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, SCRIPTS, mpiexec, run_bounded
+from conftest import REPO, SCRIPTS, JobOutput, mpiexec, run_bounded
 
 import mpi_util
 from mpi_util.launch import mpi_library_is_open_mpi
@@ -87,23 +87,9 @@ def test_failing_rank_aborts_job_with_nonzero_status(nprocs):
     assert f"parent: job exited with {result.returncode}" in result.stdout
 
 
-def rank_pids(job: subprocess.Popen, count: int, timeout: float) -> dict[int, int]:
-    """{rank: pid} from the job's "rank R pid P" lines, read until ``count`` ranks have printed theirs, the job's
-    output closes or ``timeout`` s have passed (a job hung at its start fails the test then, not at pytest's limit).
-    Reads the pipe's descriptor itself: select() cannot see what a buffered reader already holds."""
-    pids: dict[int, int] = {}
-    pending, deadline, fd = b"", time.monotonic() + timeout, job.stdout.fileno()
-    while len(pids) < count and (left := deadline - time.monotonic()) > 0:
-        if not select.select([fd], [], [], left)[0]:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:  # the job ended
-            break
-        *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
-            if match := re.match(rb"rank (\d+) pid (\d+)$", line.strip()):
-                pids[int(match[1])] = int(match[2])
-    return pids
+def rank_pids(lines: str) -> dict[int, int]:
+    """{rank: pid} from the job's "rank R pid P" lines."""
+    return {int(rank): int(pid) for rank, pid in re.findall(r"^rank (\d+) pid (\d+)$", lines, re.MULTILINE)}
 
 
 def test_the_rank_that_died_first_is_named_even_when_the_launching_process_learns_of_it_late():
@@ -113,10 +99,9 @@ def test_the_rank_that_died_first_is_named_even_when_the_launching_process_learn
     job = subprocess.Popen([sys.executable, str(SCRIPTS / "fork_hold.py"), "3"], cwd=REPO,
                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    pidfds = []
+    output, pidfds = JobOutput(job), []
     try:
-        pids = rank_pids(job, 3, timeout=60)
-        assert len(pids) == 3, f"the ranks did not all start within 60 s: {pids}"
+        pids = rank_pids(output.wait_for(r"^rank \d+ pid \d+$", 60, "every rank's pid line", count=3))
         others = [os.pidfd_open(pids[rank]) for rank in (0, 2)]
         pidfds.extend(others)
         os.kill(job.pid, signal.SIGSTOP)
@@ -127,7 +112,7 @@ def test_the_rank_that_died_first_is_named_even_when_the_launching_process_learn
             others = [fd for fd in others if fd not in ended]
         assert not others, "mpiexec did not end ranks 0 and 2 within 60 s of rank 1's death"
         os.kill(job.pid, signal.SIGCONT)
-        stdout, stderr = job.communicate(timeout=60)
+        stdout, stderr = output.finish(timeout=60)
     finally:
         if job.poll() is None:  # the test failed before the job ended
             os.killpg(job.pid, signal.SIGKILL)

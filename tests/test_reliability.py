@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FEW_MINIBATCHES, REPO, USES_SMALL_RUN, WAITS, run_bounded
+from conftest import FEW_MINIBATCHES, REPO, USES_SMALL_RUN, WAITS, JobOutput, run_bounded
 from test_train import TRAIN, progress, train
 
 import mpi_util
@@ -217,12 +217,11 @@ def test_signal_after_training_ended_still_exits_cleanly(tmp_path):
                             "--total_steps", "3072", *FEW_MINIBATCHES, "--logdir", str(tmp_path)], cwd=REPO,
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                            env=dict(os.environ, PYTHONPATH=str(REPO)))
+    output = JobOutput(job)
     try:
-        for line in job.stdout:
-            if line.startswith("done:"):
-                job.send_signal(signal.SIGINT)
-                break
-        job.communicate(timeout=60)
+        output.wait_for("^done:", 120, "the run's closing line")
+        job.send_signal(signal.SIGINT)
+        output.finish(timeout=60)
     finally:
         job.kill()
     assert job.returncode == 0
@@ -235,10 +234,8 @@ def test_run_directory_in_use_is_refused(small_run):
     job = subprocess.Popen([sys.executable, TRAIN, "--resume", str(run_dir), "--total_steps", "1000000"], cwd=REPO,
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                            env=dict(os.environ, PYTHONPATH=str(REPO)))
-    try:
-        for line in job.stdout:  # rank 0 holds the lock once it prints its first iteration
-            if line.strip().startswith("3 "):
-                break
+    try:  # rank 0 holds the lock once it prints its first iteration
+        JobOutput(job).wait_for(r"^\s*3\s", 120, "the resumed run's first iteration")
         result = run_bounded([sys.executable, TRAIN, "--resume", str(run_dir)], timeout=60)
     finally:
         job.send_signal(signal.SIGTERM)

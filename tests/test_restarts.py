@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FEW_MINIBATCHES, REPO, SCRIPTS, run_bounded
+from conftest import FEW_MINIBATCHES, REPO, SCRIPTS, JobOutput, run_bounded
 from test_reliability import FAULTY, assert_no_process_left
 from test_train import TRAIN, progress
 
@@ -255,16 +255,13 @@ def test_no_restart_after_the_user_stops_the_job(tmp_path):
                             "--stop_grace", "5", "--logdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE,
                            text=True, env=env)
-    try:
-        for line in job.stdout:  # iteration 1 logged: rank 1 will hang in iteration 2
-            if line.split()[:1] == ["1"]:
-                break
+    output = JobOutput(job)
+    try:  # iteration 1 logged: rank 1 will hang in iteration 2
+        output.wait_for(r"^\s*1\s", 120, "iteration 1's line")
         job.send_signal(signal.SIGTERM)
-        for line in job.stdout:
-            if line.startswith("received signal 15"):
-                break
+        output.wait_for("^received signal 15", 60, "the stop's announcement")
         job.send_signal(signal.SIGTERM)
-        _, stderr = job.communicate(timeout=60)
+        _, stderr = output.finish(timeout=60)
     finally:
         job.kill()
     assert job.returncode != 0
