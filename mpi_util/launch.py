@@ -15,7 +15,13 @@ from typing import Any
 
 from .children import FORKED_MARKER, LAUNCHER_VARIABLES, in_child_of_rank
 from .gpu import check_gpu_pct
-from .process import COMM_WORLD, install_abort_on_exception, mpi_library_is_open_mpi, settle_local_rank
+from .process import (
+    COMM_WORLD,
+    install_abort_on_exception,
+    mpi_library_is_open_mpi,
+    settle_local_rank,
+    write_whole_lines,
+)
 from .supervise import (
     JOB_DIR_VARIABLE,
     JobFailure,
@@ -293,7 +299,8 @@ _initialized = False
 
 def init() -> None:
     """Set this process up as a rank of the job a launcher (mpiexec, mpirun, srun) started: an uncaught exception
-    then ends the whole job, naming the rank; Open MPI's local ranks are settled; the stop signals mpi_fork's launching
+    then ends the whole job, naming the rank; each line printed reaches the launcher whole (write_whole_lines), not
+    glued to another rank's; Open MPI's local ranks are settled; the stop signals mpi_fork's launching
     process sends (SIGUSR1, SIGUSR2) turn back into SIGINT and SIGTERM; and the rank reports to that process, which
     names a failed rank and its host. ``mpi_fork`` calls it in each rank; call it yourself when your script does not
     call ``mpi_fork`` but a launcher starts it. Does nothing outside a launcher, in a multiprocessing child of a
@@ -310,6 +317,7 @@ def init() -> None:
     # is then not taken for a rank mpi_fork started. MPI_UTIL_JOB_DIR leaves the environment in record_rank.
     os.environ.pop(FORKED_MARKER, None)
     install_abort_on_exception()
+    write_whole_lines()
     settle_local_rank()
     if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
         translate_stand_in_signals()

@@ -34,6 +34,20 @@ else:
     COMM_WORLD = cast(MPI.Comm, ChildCommWorld(rank))
 
 
+def write_whole_lines() -> None:
+    """Make each line this rank prints reach stdout or stderr in one write. The launcher merges every rank's output
+    write by write, and a rank started with ``python -u`` (mpi_fork starts them so) writes print's text and its newline
+    separately: two ranks printing at once then came out as "rank 1 ...rank 2 ...", then two newlines (160 lines of
+    900 glued in a 3-rank job printing after each barrier). Line buffering holds a line until its newline, and without
+    ``-u`` keeps a pipe's block buffer from cutting lines at 8 KiB. ``flush=True`` still writes a line's start at once.
+    A stream that is not Python's own (replaced by a capture or a logger) is left as it is."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, write_through=False)
+        except (AttributeError, ValueError, OSError):
+            continue
+
+
 def print0(*args: Any, comm: MPI.Comm | None = None, **kwargs: Any) -> None:
     """``print`` on rank 0 of ``comm`` only, flushed at once (output from mpiexec is otherwise held back).
 
