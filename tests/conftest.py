@@ -58,8 +58,7 @@ def run_bounded(command: list[str], timeout: float, env: dict[str, str] | None =
 
 class JobOutput:
     """A running job's piped stdout and stderr, read as they come, so that a test that waits for a line does so
-    with a deadline, and so that the pipe the test is not waiting on cannot fill: a launcher blocked writing one
-    stream stops forwarding every rank's output on both."""
+    with a deadline, and so that the pipe the test is not waiting on cannot fill and block the job's writes to it."""
 
     def __init__(self, job: subprocess.Popen):
         self.job = job
