@@ -74,6 +74,11 @@ class JobOutput:
     def stderr(self) -> str:
         return self._read_so_far[self._fds[1]].decode(errors="replace")
 
+    def _complete_lines(self) -> str:
+        """The job's stdout up to its last newline."""
+        text = self.stdout
+        return text[:text.rfind("\n") + 1]
+
     def _read(self, deadline: float) -> bool:
         """Read what is ready before ``deadline``; False when nothing came by then or both streams have ended."""
         left = deadline - time.monotonic()
@@ -93,7 +98,7 @@ class JobOutput:
         each line), and return those lines so far; fail the test, with both streams' ends, when the job's output ends
         or ``timeout`` s pass first."""
         deadline = time.monotonic() + timeout
-        while len(re.findall(pattern, lines := self.stdout[:self.stdout.rfind("\n") + 1], re.MULTILINE)) < count:
+        while len(re.findall(pattern, lines := self._complete_lines(), re.MULTILINE)) < count:
             if not self._read(deadline):
                 state = "the job's output ended" if not self._open else f"not within {timeout} s"
                 pytest.fail(f"{what}: {state}\nstdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}\n"
@@ -111,24 +116,17 @@ class JobOutput:
 
 def process_tree(root: int) -> str:
     """One line for ``root`` and each of its descendants: pid, state, where in the kernel it waits, its command."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
+    # Imported here, on a failure only: faults.py loads trainer's checkpoint and envs' modules, which every pytest
+    # worker would otherwise import at its start.
+    from faults import cmdline, descendants, process_table
+
+    table, lines = process_table(), []
+    for pid in descendants(root, table):
         try:
-            # the command may hold spaces and parentheses: the fields after its closing one are the state and the parent
-            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (ValueError, OSError, IndexError):
-            continue
-    lines, pending = [], [root]
-    while pending:
-        pid = pending.pop()
-        try:
-            state = (Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split() or ["?"])[0]
             wait = Path("/proc", str(pid), "wchan").read_text() or "-"
-            command = Path("/proc", str(pid), "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
-            continue
-        lines.append(f"{pid} {state} {wait} {command[:160]}")
-        pending.extend(child for child, parent in parents.items() if parent == pid)
+            wait = "?"
+        lines.append(f"{pid} {table[pid][1]} {wait} {cmdline(pid)[:160]}")
     return "\n".join(lines)
 
 

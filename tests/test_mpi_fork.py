@@ -87,9 +87,13 @@ def test_failing_rank_aborts_job_with_nonzero_status(nprocs):
     assert f"parent: job exited with {result.returncode}" in result.stdout
 
 
+PID_LINE = r"^rank (\d+) pid (\d+)$"
+"""fork_hold.py's line from each rank."""
+
+
 def rank_pids(lines: str) -> dict[int, int]:
-    """{rank: pid} from the job's "rank R pid P" lines."""
-    return {int(rank): int(pid) for rank, pid in re.findall(r"^rank (\d+) pid (\d+)$", lines, re.MULTILINE)}
+    """{rank: pid} from the job's PID_LINE lines."""
+    return {int(rank): int(pid) for rank, pid in re.findall(PID_LINE, lines, re.MULTILINE)}
 
 
 def test_the_rank_that_died_first_is_named_even_when_the_launching_process_learns_of_it_late():
@@ -101,7 +105,7 @@ def test_the_rank_that_died_first_is_named_even_when_the_launching_process_learn
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     output, pidfds = JobOutput(job), []
     try:
-        pids = rank_pids(output.wait_for(r"^rank \d+ pid \d+$", 60, "every rank's pid line", count=3))
+        pids = rank_pids(output.wait_for(PID_LINE, 60, "every rank's pid line", count=3))
         others = [os.pidfd_open(pids[rank]) for rank in (0, 2)]
         pidfds.extend(others)
         os.kill(job.pid, signal.SIGSTOP)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import FEW_MINIBATCHES, REPO, run_bounded
-from faults import entries_that_differ, same_value
+from faults import cmdline, descendants, entries_that_differ, process_table, same_value
 from test_train import TRAIN, progress, reproducible_part, train
 
 from trainer.checkpoint import list_checkpoints, load_latest_checkpoint
@@ -94,31 +94,12 @@ STOP_COMMON = ("--nprocs", "2", "--batch_size", "1024", "--checkpoint_every", "1
 
 def job_tree(pid: int) -> list[int]:
     """``pid`` and its descendants, parents before children (launcher, mpiexec, proxy, ranks)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop(0))
-        todo[:0] = sorted(children.get(tree[-1], []))
-    return tree
+    return descendants(pid, process_table())
 
 
 def ranks_of(launcher: int) -> list[int]:
     """The job's ranks: the processes of its tree that run train.py, less the launcher."""
-    return [pid for pid in job_tree(launcher)[1:] if "train.py" in _cmdline(pid) and "mpiexec" not in _cmdline(pid)]
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
-    except OSError:
-        return ""
+    return [pid for pid in job_tree(launcher)[1:] if "train.py" in cmdline(pid) and "mpiexec" not in cmdline(pid)]
 
 
 def catches(pid: int, signum: int) -> bool:
@@ -249,7 +230,7 @@ def test_launcher_killed_the_ranks_stop_with_a_checkpoint_and_clean_up(tmp_path)
                      if path.startswith("/dev/shm/")}
     job.kill()  # SIGKILL, as the OOM killer does
     job.wait()
-    poll(lambda: not any(Path(f"/proc/{pid}").exists() and "train.py" in _cmdline(pid) for pid in tree[1:]), 60,
+    poll(lambda: not any(Path(f"/proc/{pid}").exists() and "train.py" in cmdline(pid) for pid in tree[1:]), 60,
          "the ranks to end")
     stdout, stderr = (logdir / "stdout.txt").read_text(), (logdir / "stderr.txt").read_text()
     assert "the launching process has ended: stopping after this iteration with a checkpoint" in stdout
