@@ -31,6 +31,7 @@ from .supervise import (
     oversubscription_warning,
     record_rank,
     release_own_shared_memory,
+    release_start_up_shared_memory,
 )
 
 # In the workers (ranks 1..n-1): one BLAS / OpenMP thread each, since n ranks share the cores. Rank 0 keeps the
@@ -300,11 +301,12 @@ _initialized = False
 def init() -> None:
     """Set this process up as a rank of the job a launcher (mpiexec, mpirun, srun) started: an uncaught exception
     then ends the whole job, naming the rank; each line printed reaches the launcher whole (write_whole_lines), not
-    glued to another rank's; Open MPI's local ranks are settled; the stop signals mpi_fork's launching
-    process sends (SIGUSR1, SIGUSR2) turn back into SIGINT and SIGTERM; and the rank reports to that process, which
-    names a failed rank and its host. ``mpi_fork`` calls it in each rank; call it yourself when your script does not
-    call ``mpi_fork`` but a launcher starts it. Does nothing outside a launcher, in a multiprocessing child of a
-    rank, or when called again.
+    glued to another rank's; Open MPI's local ranks are settled; the stop signals mpi_fork's launching process sends
+    (SIGUSR1, SIGUSR2) turn back into SIGINT and SIGTERM; the rank reports to that process, which names a failed rank
+    and its host; and MPICH's start-up files in /dev/shm lose their names, so that no ending of the job leaves them
+    behind (release_start_up_shared_memory). A collective: every rank calls it. ``mpi_fork`` calls it in each rank;
+    call it yourself when your script does not call ``mpi_fork`` but a launcher starts it. Does nothing outside a
+    launcher, in a multiprocessing child of a rank, or when called again.
 
     Raises:
         mpi4py.MPI.Exception: the MPI library fails to start.
@@ -322,6 +324,9 @@ def init() -> None:
     if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
         translate_stand_in_signals()
     record_rank(COMM_WORLD.Get_rank(), lambda record: COMM_WORLD.gather(record, root=0))
+    if not mpi_library_is_open_mpi():
+        COMM_WORLD.Barrier()  # every rank, so every rank of this host, is past MPI's start-up
+        release_start_up_shared_memory()
 
 
 def _check_room_on_this_host(n: int) -> None:

@@ -16,7 +16,7 @@ from typing import Any, NoReturn, cast
 from mpi4py import MPI
 
 from .children import ChildCommWorld, in_child_of_rank, launcher_rank_and_size
-from .supervise import note_exit
+from .supervise import note_exit, release_start_up_shared_memory
 
 if not in_child_of_rank:
     COMM_WORLD: MPI.Comm = MPI.COMM_WORLD
@@ -193,6 +193,7 @@ def abort(message: str, code: int = 1, late_ranks: Sequence[int] = ()) -> NoRetu
             last line.
     """
     note_exit("aborted", late_ranks)  # for the launching process: this rank ended the job, it was not killed
+    release_start_up_shared_memory()  # for a job init() did not set up: MPI_Abort leaves it
     sys.stdout.flush()
     sys.stderr.write(message.rstrip("\n") + "\n")
     sys.stderr.flush()

@@ -86,9 +86,25 @@ def release_own_shared_memory() -> list[str]:
     the /dev/shm file its MPI made for it at start-up; mapped, it stays usable, and no other process attaches to it.
     Else it outlives the process: MPICH's (1 MB) when the process is killed, Open MPI 5's (16 MB) at every exit.
     Returns the paths removed."""
+    return _unlink_mapped(("mpich_shm_", "sm_segment."))
+
+
+def release_start_up_shared_memory() -> list[str]:
+    """In a rank of an MPICH job, once every rank is past MPI's start-up (init: after a barrier) or when the job is
+    ending (abort): unlink the /dev/shm files MPICH made at start-up for this host's ranks. Each rank has them mapped,
+    so they stay usable, and no process attaches to them later; MPICH removes them only when the job ends cleanly, so
+    a job that aborted, or one of whose ranks was killed, left them (about 1 MB per rank) on every host, where no
+    launcher reaches them. Not Open MPI's, which its ranks may map from each other after start-up. Returns the paths
+    removed: the first rank of a host to get there removes them."""
+    return _unlink_mapped(("mpich_shm_",))
+
+
+def _unlink_mapped(prefixes: tuple[str, ...]) -> list[str]:
+    """Unlink the /dev/shm files this process maps whose names start with one of ``prefixes``; returns those
+    removed (another process may have removed one first)."""
     removed = []
     for path in mapped_shared_memory():
-        if os.path.basename(path).startswith(("mpich_shm_", "sm_segment.")):
+        if os.path.basename(path).startswith(prefixes):
             try:
                 os.unlink(path)
                 removed.append(path)

@@ -4,6 +4,7 @@ the README's recipe ends with bit-identical weights on every rank."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import select
@@ -38,6 +39,23 @@ def test_launching_process_leaves_no_shared_memory_behind():
     mapped = ast.literal_eval(re.search(r"parent: mapped (\[.*\])", result.stdout).group(1))
     assert mapped, "the launching process mapped nothing under /dev/shm: nothing to check"
     assert [path for path in (entry.removesuffix(" (deleted)") for entry in mapped) if os.path.exists(path)] == []
+
+
+@pytest.mark.skipif(mpi_library_is_open_mpi(), reason="MPICH's start-up files; Open MPI's are left to mpi_fork")
+@pytest.mark.parametrize(("ending", "ranks", "hosts"), [
+    ("killed", 3, "one host"), ("killed", 4, "two nodes"), ("raises", 3, "one host"), ("raises", 4, "two nodes"),
+    ("raises without init", 3, "one host")])
+def test_a_job_a_launcher_started_leaves_no_start_up_shared_memory_however_it_ends(tmp_path, ending, ranks, hosts):
+    # Under a plain mpiexec (or srun) no launching process of ours removes what the job leaves. MPICH left its
+    # start-up file in /dev/shm (about 1 MB a rank) whenever a rank was killed or the job aborted; "two nodes" makes
+    # MPICH treat odd and even ranks as two hosts, each with its own file. Without init() only mpi_util's abort can
+    # remove it, on the aborting rank's host. Only this job's files are checked.
+    cliques = {"MPIR_CVAR_ODD_EVEN_CLIQUES": "1"} if hosts == "two nodes" else {}
+    result = mpiexec(ranks, "start_up_memory.py", str(tmp_path), ending, timeout=60, env=cliques, check=False)
+    assert result.returncode != 0, result.stdout[-2000:]
+    mapped = {path for rank in range(ranks) for path in json.loads((tmp_path / f"shm_{rank}.json").read_text())}
+    assert len(mapped) == (2 if hosts == "two nodes" else 1), mapped
+    assert [path for path in mapped if os.path.exists(path)] == [], result.stderr[-2000:]
 
 
 def test_workers_get_one_thread_and_rank_0_keeps_the_launching_environment():

@@ -33,7 +33,7 @@ BCAST_FLOATS = 1 << 20  # 4 MiB
 
 out_dir, case = Path(sys.argv[1]), sys.argv[2]
 rank, size, last = mpi_util.rank, mpi_util.nworkers, mpi_util.nworkers - 1
-mpi_util.install_abort_on_exception()
+mpi_util.init()
 
 
 def rows_of(r: int, round_: int) -> np.ndarray:
