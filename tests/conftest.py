@@ -157,6 +157,11 @@ def run_mpi():
     return mpiexec
 
 
+# MPICH's setting that makes a job's odd and even ranks two nodes (cliques) on one machine: mpi_util takes its "several
+# hosts" paths, and MPICH makes each node its own start-up file in /dev/shm.
+ODD_EVEN_CLIQUES = {"MPIR_CVAR_ODD_EVEN_CLIQUES": "1"}
+
+
 # A finished CartPole run of two 1,536-step iterations on two processes, a checkpoint after each: what the tests that
 # resume a run, or are refused, start from. Trained once by the worker that runs the group (each test gets a copy).
 SMALL_RUN = ("CartPole-v1", "--nprocs", "2", "--batch_size", "1536", "--total_steps", "3072", "--checkpoint_every", "1",

@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, SCRIPTS, JobOutput, mpiexec, run_bounded
+from conftest import ODD_EVEN_CLIQUES, REPO, SCRIPTS, JobOutput, mpiexec, run_bounded
 
 import mpi_util
 from mpi_util.launch import mpi_library_is_open_mpi
@@ -50,7 +50,7 @@ def test_a_job_a_launcher_started_leaves_no_start_up_shared_memory_however_it_en
     # start-up file in /dev/shm (about 1 MB a rank) whenever a rank was killed or the job aborted; "two nodes" makes
     # MPICH treat odd and even ranks as two hosts, each with its own file. Without init() only mpi_util's abort can
     # remove it, on the aborting rank's host. Only this job's files are checked.
-    cliques = {"MPIR_CVAR_ODD_EVEN_CLIQUES": "1"} if hosts == "two nodes" else {}
+    cliques = ODD_EVEN_CLIQUES if hosts == "two nodes" else {}
     result = mpiexec(ranks, "start_up_memory.py", str(tmp_path), ending, timeout=60, env=cliques, check=False)
     assert result.returncode != 0, result.stdout[-2000:]
     mapped = {path for rank in range(ranks) for path in json.loads((tmp_path / f"shm_{rank}.json").read_text())}

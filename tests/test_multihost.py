@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FEW_MINIBATCHES, REPO, SCRIPTS, run_bounded
+from conftest import FEW_MINIBATCHES, ODD_EVEN_CLIQUES, REPO, SCRIPTS, run_bounded
 from conftest import launcher as one_host_launcher
 from hosts import Launcher, TwoHosts
 
@@ -225,20 +225,19 @@ def test_a_set_up_error_only_the_far_host_sees_ends_the_job_in_seconds_naming_it
 # Without namespaces: MPICH told that the ranks sit on two nodes (odd and even ranks), which the ordinary suite runs
 # anywhere. The data still moves through shared memory, but mpi_util must take its "several hosts" paths: no one-host
 # transport, an arrival board per node, meets through rank 0.
-CLIQUES = {"MPIR_CVAR_ODD_EVEN_CLIQUES": "1"}
 mpich_only = pytest.mark.skipif(mpi_library_is_open_mpi(), reason="MPIR_CVAR_ODD_EVEN_CLIQUES is MPICH's")
 
 
 @mpich_only
 def test_two_cliques_fall_back_to_mpi_with_exact_results(run_mpi, tmp_path):
-    run_mpi(4, "multihost_cases.py", str(tmp_path), "data", env=CLIQUES, timeout=90)
+    run_mpi(4, "multihost_cases.py", str(tmp_path), "data", env=ODD_EVEN_CLIQUES, timeout=90)
     records = [json.loads((tmp_path / f"data_{r}.json").read_text()) for r in range(4)]
     assert all(r["exact"] and r["node_size"] == 2 and not r["host_transport"] for r in records), records
 
 
 @mpich_only
 def test_two_cliques_stall_error_names_the_rank_on_the_other_node(run_mpi, tmp_path):
-    result = run_mpi(4, "multihost_cases.py", str(tmp_path), "stall", env=CLIQUES, timeout=60, check=False)
+    result = run_mpi(4, "multihost_cases.py", str(tmp_path), "stall", env=ODD_EVEN_CLIQUES, timeout=60, check=False)
     assert result.returncode != 0
     assert re.search(r"rank 0 \(on \S+\): no progress for \d+ s in step \(collective #\d+\): rank 3 \(on \S+\) has "
                      r"not arrived", result.stderr), result.stderr[-3000:]
@@ -247,7 +246,7 @@ def test_two_cliques_stall_error_names_the_rank_on_the_other_node(run_mpi, tmp_p
 @mpich_only
 def test_two_cliques_train_runs(tmp_path):
     result = run_bounded([sys.executable, TRAIN, "CartPole-v1", "--nprocs", "4", "--total_steps", "4096",
-                          *FEW_MINIBATCHES, "--logdir", str(tmp_path)], 180, CLIQUES)
+                          *FEW_MINIBATCHES, "--logdir", str(tmp_path)], 180, ODD_EVEN_CLIQUES)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()
     assert [row["total_steps"] for row in progress(run_dir)] == ["2048", "4096"]
