@@ -23,15 +23,18 @@ class LearnerBatch:
     adv: tf.Tensor
     """(N,) float32 advantages normalized to zero mean and unit standard deviation over the batch."""
     v_target: tf.Tensor
-    """(N,) float32 value targets: the returns normalized with ret_rms after it merged this batch."""
+    """(N,) float32 value targets: the returns normalized with ret_rms after it merged this batch, or the returns as
+    they are."""
     explained_var: float
     """1 - Var(ret - V) / Var(ret) of the values the workers used (NaN when the returns are constant)."""
 
 
 def prepare_batch(
-    ac: ActorCritic, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray
+    ac: ActorCritic, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray, normalize_returns: bool = True
 ) -> LearnerBatch:
-    """Normalize a batch for learning; merges ret into ac.ret_rms (but leaves ac.obs_rms alone).
+    """Normalize a batch for learning; merges ret into ac.ret_rms (but leaves ac.obs_rms alone) when
+    ``normalize_returns``, else leaves ac.ret_rms at its start (mean 0, variance 1: the value function learns the
+    returns as they are, and the actor reads its values unscaled).
 
     obs (N, obs_dim) RAW observations or (N, H, W, C) uint8 images; act as LearnerBatch.act; adv (N,) GAE advantages;
     ret (N,) value targets in return units.
@@ -42,8 +45,11 @@ def prepare_batch(
     ret_var = ret.var()
     explained_var = float(1.0 - np.var(adv) / ret_var) if ret_var > 0 else float("nan")
     adv_n = (adv - adv.mean()) / (adv.std() + 1e-8)
-    ac.ret_rms.update(ret[:, None])
-    v_target = ac.ret_rms.normalize(ret[:, None])[:, 0]
+    if normalize_returns:
+        ac.ret_rms.update(ret[:, None])
+        v_target = ac.ret_rms.normalize(ret[:, None])[:, 0]
+    else:
+        v_target = ret.astype(np.float32)
     return LearnerBatch(
         obs=tf.constant(ac.normalize_obs(obs)),
         act=tf.constant(act, dtype=tf.int64 if ac.is_discrete else tf.float32),

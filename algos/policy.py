@@ -34,7 +34,8 @@ class ActorCritic:
         log_std: (act_dim,) state-independent log standard deviation (Box), None for categoricals.
         v_net: normalize_obs(obs) (N, ...) -> (N, 1) value of the NORMALIZED return (see ret_rms).
         obs_rms: (obs_dim,) observation statistics, owned by rank 0 (one placeholder dimension for images).
-        ret_rms: (1,) statistics of the gathered returns; value targets are (ret - mean) / sqrt(var + eps).
+        ret_rms: (1,) statistics of the gathered returns; value targets are (ret - mean) / sqrt(var + eps), or, under
+            PPO's value_targets "raw", ret itself while ret_rms stays at its start (mean 0, variance 1).
 
     The TF helpers below take what normalize_obs returns, as tensors, and are meant to run inside tf.function.
     """

@@ -41,7 +41,9 @@ class PPOConfig:
     target_kl: float | None = _DEFAULTS["kl_targ"]
     """Early-stop epochs when an epoch's mean approx KL exceeds 1.5 * target_kl; None or 0 never stops early."""
     vf_coef: float = _DEFAULTS["vf_coef"]
-    """Weight of the value loss (mean squared error on normalized returns) in the total loss."""
+    """Weight of the value loss (mean squared error on the value targets) in the total loss."""
+    value_targets: str = _DEFAULTS["value_targets"]
+    """"normalized": the value function learns the returns scaled by ac.ret_rms; "raw": the returns as they are."""
     ent_coef: float = _DEFAULTS["ent_coef"]
     """Weight of the entropy bonus subtracted from the total loss."""
     max_grad_norm: float = 0.5
@@ -91,7 +93,7 @@ class PPO:
         KL(old || new) over the batch after the update), epochs (run), explained_var (of the workers' values),
         lr (the learning rate of this update).
         """
-        batch = prepare_batch(self.ac, obs, act, adv, ret)
+        batch = prepare_batch(self.ac, obs, act, adv, ret, normalize_returns=self.cfg.value_targets == "normalized")
         old_params, old_logp = self._old_policy(batch.obs, batch.act)
         batch, lag_stats = weight_for_policy_lag(batch, old_logp, behavior_logp)
         n = int(batch.obs.shape[0])
@@ -197,7 +199,8 @@ class PPO:
 
 def from_config(ac: ActorCritic, settings: "Mapping[str, Any]") -> PPO:
     """train.py's PPO (algos.registry): --lr, --epochs, --minibatch_size, --kl_targ (target_kl), --clip_ratio,
-    --ent_coef, --vf_coef and --seed, by name in ``settings``."""
+    --ent_coef, --vf_coef, --value_targets and --seed, by name in ``settings``."""
     return PPO(ac, PPOConfig(lr=settings["lr"], epochs=settings["epochs"], minibatch_size=settings["minibatch_size"],
                              clip_ratio=settings["clip_ratio"], target_kl=settings["kl_targ"],
-                             vf_coef=settings["vf_coef"], ent_coef=settings["ent_coef"]), seed=settings["seed"])
+                             vf_coef=settings["vf_coef"], ent_coef=settings["ent_coef"],
+                             value_targets=settings["value_targets"]), seed=settings["seed"])

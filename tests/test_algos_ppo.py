@@ -55,6 +55,23 @@ def test_one_update_returns_finite_stats_and_updates_normalizers():
     np.testing.assert_allclose(ac.ret_rms.mean, [batch["ret"].mean()], rtol=1e-3)
 
 
+def test_raw_value_targets_are_the_returns_and_leave_the_return_statistics_at_their_start():
+    # Atari's default: the value function learns the returns as they are (this CartPole batch's are 1 to 16), and the
+    # actors' values, de-normalized with ret_rms, stay in return units because ret_rms stays at mean 0, variance 1.
+    from algos import PPOConfig
+    from algos.learner_batch import prepare_batch
+
+    ac, ppo = make_learner(0, PPOConfig(value_targets="raw"))
+    (batch,) = cartpole_batches(ac, 1)
+    prepared = prepare_batch(ac, batch["obs"], batch["act"], batch["adv"], batch["ret"], normalize_returns=False)
+    np.testing.assert_array_equal(prepared.v_target.numpy(), batch["ret"].astype(np.float32))
+    start = [array.copy() for array in ac.ret_rms.arrays()]
+    stats = update(ppo, batch)
+    assert stats["v_loss"] > 10.0, stats  # 83 here; 0.92 on the same batch normalized
+    for now, then in zip(ac.ret_rms.arrays(), start, strict=True):
+        np.testing.assert_array_equal(now, then)
+
+
 def test_target_kl_stops_epochs_early():
     from algos import PPOConfig
 

@@ -386,6 +386,10 @@ FIGURES = [
       "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 9.39 over 1 run(s)",
       "| 1579 | 1.23 |", "| 1962 | 1.94 |", "cpu_flags sse4_2 avx avx2 fma,",
       "501760 steps per run on ALE/Breakout-v5, seed 4"]),
+    *[("training.md", "seeds 0-2 (mean 10.0)", f"learning_breakout_raw_targets_seed{seed}/results.md",
+       [f"train.py --nprocs 2: final mean return {score} over 1 run(s)", "RAW_RETURNS=1", "bit for bit",
+        f"501760 steps per run on ALE/Breakout-v5, seed {seed}", "cpu_flags sse4_2 avx avx2 fma,"])
+      for seed, score in enumerate(("10.28", "9.95", "9.83"))],
     ("training.md", "a game score of -20.4 over the last 10 iterations, against -19.9", "learning_pong/results.md",
      ["train.py --nprocs 2: final mean return -20.40 over 1 run(s)",
       "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return -19.92 over 1 run(s)",
@@ -468,6 +472,10 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     breakout_means = {system: f"{sum(seeds.values()) / 5:.1f}" for system, seeds in breakout.items()}
     means_sentence = f"Means of the five seeds: {breakout_means['train.py']} against {breakout_means['peer']}."
     assert means_sentence in training, breakout_means
+    # and at the Atari defaults since (raw value targets), the seeds run so far.
+    raw = [float(row["mean_return"]) for path in sorted(RESULTS.glob("learning_breakout_raw_targets_seed*/runs.csv"))
+           for row in csv.DictReader(path.open(newline=""))]
+    assert f"for seeds 0-{len(raw) - 1} (mean {sum(raw) / len(raw):.1f})" in training, raw
 
 
 def test_every_results_file_the_readme_and_guides_cite_exists_and_each_guide_citation_is_checked():

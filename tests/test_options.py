@@ -109,7 +109,8 @@ def test_help_shows_each_default_from_its_one_source():
 
 
 ATARI_PPO = {"batch_size": 1024, "epochs": 4, "minibatch_size": 256, "lr": 2.5e-4, "lr_schedule": "linear",
-             "clip_ratio": 0.1, "clip_schedule": "linear", "ent_coef": 0.01, "vf_coef": 0.5, "kl_targ": 0.0}
+             "clip_ratio": 0.1, "clip_schedule": "linear", "ent_coef": 0.01, "vf_coef": 0.5, "kl_targ": 0.0,
+             "value_targets": "raw"}
 
 
 @pytest.mark.parametrize(("nprocs", "envs_per_rank"), [(1, 8), (2, 4), (3, 2), (8, 1), (16, 1)])
@@ -124,9 +125,9 @@ def test_an_atari_id_gets_the_atari_work_spread_over_any_process_count(nprocs, e
 def test_a_given_option_wins_over_the_family_and_other_families_keep_the_generic_defaults():
     config, _, _ = build_config(parse_args(["ALE/Pong-v5", "--nprocs", "2", "--batch_size", "2048", "--ent_coef", "0",
                                             "--envs_per_rank", "3", "--kl_targ", "0.05", "--clip_schedule",
-                                            "constant"]))
+                                            "constant", "--value_targets", "normalized"]))
     assert (config.batch_size, config.ent_coef, config.envs_per_rank, config.kl_targ, config.clip_schedule,
-            config.epochs) == (2048, 0.0, 3, 0.05, "constant", 4)
+            config.value_targets, config.epochs) == (2048, 0.0, 3, 0.05, "constant", "normalized", 4)
     trpo, _, _ = build_config(parse_args(["ALE/Pong-v5", "--nprocs", "2", "--algo", "trpo"]))
     assert (trpo.batch_size, trpo.envs_per_rank) == (1024, 4)  # the Atari batch, TRPO's own settings
     assert {name: getattr(trpo, name) for name in ALGORITHMS["trpo"].defaults} == ALGORITHMS["trpo"].defaults
@@ -134,6 +135,13 @@ def test_a_given_option_wins_over_the_family_and_other_families_keep_the_generic
         config, _, _ = build_config(parse_args([env_id, "--nprocs", "2"]))
         assert (config.batch_size, config.envs_per_rank) == (2048, 1)
         assert {name: getattr(config, name) for name in ALGORITHMS["ppo"].defaults} == ALGORITHMS["ppo"].defaults
+
+
+def test_a_ppo_run_begun_before_value_targets_existed_resumes_with_the_normalized_targets_it_learned(tmp_path):
+    from trainer.config import load_saved_config
+
+    (tmp_path / "config.json").write_text('{"env_id": "ALE/Pong-v5", "algo": "ppo", "hidden": [64, 64]}')
+    assert load_saved_config(tmp_path)["value_targets"] == "normalized"  # not Atari's "raw" of today
 
 
 def test_kl_targ_0_never_stops_ppo_early_and_is_refused_for_trpo():

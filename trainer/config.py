@@ -87,8 +87,10 @@ class TrainConfig:
         ALGORITHM_DEFAULT, "PPO: 'linear' decays --clip_ratio to 0 over --total_steps as --lr_schedule does the "
                            "learning rate, 'constant' keeps it", choices=("linear", "constant"))
     ent_coef: float | None = setting(ALGORITHM_DEFAULT, "PPO: weight of the entropy bonus in the loss")
-    vf_coef: float | None = setting(ALGORITHM_DEFAULT, "PPO: weight of the value loss (on normalized returns) in the "
-                                                       "loss")
+    vf_coef: float | None = setting(ALGORITHM_DEFAULT, "PPO: weight of the value loss in the loss")
+    value_targets: str | None = setting(
+        ALGORITHM_DEFAULT, "PPO: what the value function learns: 'normalized', the returns scaled by their running "
+                           "mean and standard deviation; 'raw', the returns as they are", choices=("normalized", "raw"))
     seed: int = setting(0, "base seed; rank r uses SeedSequence(seed, spawn_key=(r,))")
     checkpoint_every: int = setting(10, "iterations between checkpoints (and one at the end)")
     eval_every: int = setting(0, "every N iterations the deterministic policy plays --eval_episodes episodes on envs "
@@ -224,6 +226,8 @@ def load_saved_config(run_dir: Path) -> dict:
     # config.json also records the job (CPUs, threads): only TrainConfig's fields define the run.
     saved = {name: value for name, value in saved.items() if name in {f.name for f in fields(TrainConfig)}}
     saved["hidden"] = tuple(saved["hidden"])
+    if saved["algo"] == "ppo":  # a PPO run begun before --value_targets learned normalized ones, Atari's too
+        saved.setdefault("value_targets", "normalized")
     return saved
 
 
