@@ -16,7 +16,7 @@ from algos.learner_batch import (
     weight_for_policy_lag,
 )
 from algos.policy import ActorCritic
-from algos.registry import ALGORITHMS
+from algos.registry import ALGORITHMS, VALUE_TARGETS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -55,6 +55,9 @@ class PPO:
     np.random.Generator(seed) so an update is reproducible and resumable."""
 
     def __init__(self, ac: ActorCritic, cfg: PPOConfig, seed: int) -> None:
+        if cfg.value_targets not in VALUE_TARGETS:
+            raise ValueError(f"PPOConfig.value_targets must be one of {', '.join(VALUE_TARGETS)}, got "
+                             f"{cfg.value_targets!r}")
         self.ac = ac
         self.cfg = cfg
         self.rng = np.random.default_rng(seed)

@@ -106,6 +106,9 @@ whatever the process count divides it into (8 envs of 128 steps: 4 per process a
 # the clip constant.
 _ATARI_BATCH = {"batch_size": 1024, ENVS_IN_ALL: 8}
 
+VALUE_TARGETS = ("normalized", "raw")
+"""What PPO's value function may learn (its value_targets): the returns scaled by running statistics, or as they are."""
+
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     "ppo": AlgorithmSpec(
         "algos.ppo:from_config",

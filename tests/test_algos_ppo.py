@@ -70,6 +70,8 @@ def test_raw_value_targets_are_the_returns_and_leave_the_return_statistics_at_th
     assert stats["v_loss"] > 10.0, stats  # 83 here; 0.92 on the same batch normalized
     for now, then in zip(ac.ret_rms.arrays(), start, strict=True):
         np.testing.assert_array_equal(now, then)
+    with pytest.raises(ValueError, match="value_targets must be one of normalized, raw, got 'Raw'"):
+        make_learner(0, PPOConfig(value_targets="Raw"))
 
 
 def test_target_kl_stops_epochs_early():

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import mpi_util
-from algos.registry import ALGORITHMS, ENVS_IN_ALL
+from algos.registry import ALGORITHMS, ENVS_IN_ALL, VALUE_TARGETS
 from algos.spaces import PRECISIONS
 from trainer.run_dir import run_dir_name
 from trainer.versions import cpu_model_and_flags
@@ -90,7 +90,7 @@ class TrainConfig:
     vf_coef: float | None = setting(ALGORITHM_DEFAULT, "PPO: weight of the value loss in the loss")
     value_targets: str | None = setting(
         ALGORITHM_DEFAULT, "PPO: what the value function learns: 'normalized', the returns scaled by their running "
-                           "mean and standard deviation; 'raw', the returns as they are", choices=("normalized", "raw"))
+                           "mean and standard deviation; 'raw', the returns as they are", choices=VALUE_TARGETS)
     seed: int = setting(0, "base seed; rank r uses SeedSequence(seed, spawn_key=(r,))")
     checkpoint_every: int = setting(10, "iterations between checkpoints (and one at the end)")
     eval_every: int = setting(0, "every N iterations the deterministic policy plays --eval_episodes episodes on envs "
