@@ -115,9 +115,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         {"lr": 3e-4, "lr_schedule": "linear", "epochs": 10, "minibatch_size": 64, "kl_targ": 0.02,
          "clip_ratio": 0.2, "clip_schedule": "constant", "ent_coef": 0.0, "vf_coef": 0.5,
          "value_targets": "normalized"},
-        # Atari's value targets are the returns as they are, as the PPO paper's, baselines', SB3's and CleanRL's Atari
-        # runs learn them (rewards clipped to their sign keep them small). Breakout after 2M frames, seeds 0-2: raw
-        # 10.3, 9.9, 9.8 against normalized 6.6, 11.8, 9.2 (benchmarks/README.md, section Pixels).
+        # Atari's value targets are the returns as they are, as rl-baselines3-zoo's, the PPO paper's, baselines' and
+        # CleanRL's Atari runs learn them (rewards clipped to their sign keep them small). Breakout after 2M frames,
+        # seeds 0-4: raw mean 9.2 (6.8-10.3) against normalized 8.4 (6.1-11.8), within the seeds' spread
+        # (benchmarks/README.md, section Pixels).
         families={"atari": {**_ATARI_BATCH, "lr": 2.5e-4, "epochs": 4, "minibatch_size": 256, "kl_targ": 0.0,
                             "clip_ratio": 0.1, "clip_schedule": "linear", "ent_coef": 0.01, "value_targets": "raw"}},
         # On Atari one torso, as the PPO paper's Atari networks, baselines, SB3 and CleanRL have it with the Atari
