@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,16 @@ sys.modules.setdefault("jax", None)  # type: ignore[arg-type]
 # lest each of the suite's 50-odd torch processes compile torch again (1.6 CPU-s each).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+# Three workers share two cores (pyproject.toml), so a process with a second OpenMP or BLAS thread oversubscribes them,
+# and torch's OpenMP threads spin while they wait for a descheduled sibling: test_sb3 took 207 CPU-s with torch's
+# default two threads and 163 with one, test_examples 143 and 121, the same tests passing (3 workers, 2 cores). One
+# thread for every job, as mpi_fork gives its workers; a value the machine sets is kept. train.py's ranks hold their
+# own settings (trainer.kernels), and test_mpi_fork gives the thread settings it checks.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Tests read TensorBoard's event files with tensorboard's TensorFlow-free reader (its documented switch, the one
+# mpi_util.sb3 sets): the reader otherwise imports TensorFlow, about 4 CPU-s and 0.5 GB in each worker that reads,
+# and in a worker that has imported torch, risks LLVM's abort. Writing (trainer.logger) never loads TensorFlow.
+sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"

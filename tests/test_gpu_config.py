@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 import pytest
+from conftest import TENSORFLOW_IN_PROCESS, run_bounded
 
 import mpi_util
 from mpi_util.process import mpi_library_is_open_mpi
@@ -17,6 +21,7 @@ def test_setup_gpu_without_gpu_says_so_once(run_mpi):
     assert result.stdout.count("SETUP {'gpu': None, 'memory_limit_mb': None}") == nprocs
 
 
+@TENSORFLOW_IN_PROCESS
 def test_tf_config_is_tf1_style():
     config = mpi_util.tf_config(0.25)
     assert config.gpu_options.per_process_gpu_memory_fraction == pytest.approx(0.25)
@@ -89,14 +94,21 @@ def test_each_rank_of_a_real_mpiexec_gets_its_gpu(run_mpi):
 
 
 def test_sb3_rank_device():
-    torch = pytest.importorskip("torch", reason="torch is not installed (the sb3 extra)")
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (the sb3 extra)")
     from mpi_util.sb3 import rank_device
 
-    if not torch.cuda.is_available():
-        assert rank_device() == "cpu"
-        assert rank_device("cuda") == "cpu"
+    # What torch sees, in a process of its own: torch in a pytest worker that imports TensorFlow risks LLVM's abort.
+    asked = run_bounded([sys.executable, "-c", "import torch; from mpi_util.sb3 import rank_device; "
+                         "print(torch.cuda.is_available(), rank_device(), rank_device('cuda'), "
+                         "rank_device(torch.device('cpu'), 2, {'MPI_LOCALRANKID': '1', 'MPI_LOCALNRANKS': '2'}))"],
+                        timeout=60)
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    cuda, auto, cuda_asked, cpu_given = asked.stdout.split()
+    if cuda == "False":
+        assert auto == cuda_asked == "cpu"
+    assert cpu_given == "cpu"
     local_1_of_2 = {"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
     assert rank_device("auto", 2, local_1_of_2) == "cuda:1"
     assert rank_device("auto", 0, local_1_of_2) == "cpu"
     assert rank_device("cuda:0", 2, local_1_of_2) == "cuda:0"  # explicit: left alone
-    assert rank_device(torch.device("cpu"), 2, local_1_of_2) == "cpu"
