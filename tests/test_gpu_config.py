@@ -98,17 +98,16 @@ def test_sb3_rank_device():
         pytest.skip("torch is not installed (the sb3 extra)")
     from mpi_util.sb3 import rank_device
 
+    local_1_of_2 = {"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
     # What torch sees, in a process of its own: torch in a pytest worker that imports TensorFlow risks LLVM's abort.
     asked = run_bounded([sys.executable, "-c", "import torch; from mpi_util.sb3 import rank_device; "
                          "print(torch.cuda.is_available(), rank_device(), rank_device('cuda'), "
-                         "rank_device(torch.device('cpu'), 2, {'MPI_LOCALRANKID': '1', 'MPI_LOCALNRANKS': '2'}))"],
-                        timeout=60)
+                         f"rank_device(torch.device('cpu'), 2, {local_1_of_2!r}))"], timeout=60)
     assert asked.returncode == 0, asked.stderr[-3000:]
     cuda, auto, cuda_asked, cpu_given = asked.stdout.split()
     if cuda == "False":
         assert auto == cuda_asked == "cpu"
     assert cpu_given == "cpu"
-    local_1_of_2 = {"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
     assert rank_device("auto", 2, local_1_of_2) == "cuda:1"
     assert rank_device("auto", 0, local_1_of_2) == "cpu"
     assert rank_device("cuda:0", 2, local_1_of_2) == "cuda:0"  # explicit: left alone
