@@ -1,29 +1,51 @@
 """Atari games through ale-py, with the standard preprocessing of the DQN and PPO papers.
 
-``ALE/Pong-v5`` and the other ALE ids: up to 30 no-op actions at reset, the agent acting every 4th frame (the max of
-the last two frames seen), frames grey and 84x84, the last 4 stacked as the channels of one (84, 84, 4) uint8 image.
-ALE's v5 defaults stay: sticky actions (at each frame the last action repeats with probability 0.25) and the game's
-minimal action set. The stickiness is gymnasium's StickyAction wrapper at every frame, not ALE's own: ALE's saved
-state leaves out the action it repeats, so a game restored from a checkpoint could act differently at its first step;
-the wrapper's last action pickles with it, and its random draws come from the env's generator, which the checkpoint
-keeps. What only training does, ending a value estimate at a lost life and clipping rewards to their sign, is
-the rollout's (RolloutWorker's ``atari``), so that the returns it reports, and --play's, are the game's own score.
+``ALE/Pong-v5`` and the other ALE ids, and the older ids ale-py registers too (``PongNoFrameskip-v4``, ``Pong-v4``,
+``Pong-v0``): up to 30 no-op actions at reset, the agent acting every 4th frame (the max of the last two frames
+seen), frames grey and 84x84, the last 4 stacked as the channels of one (84, 84, 4) uint8 image. The preprocessing
+skips the frames for every id (an id's own frame skip, fixed or random, is replaced); each id's own sticky actions
+stay (at each frame the last action repeats with probability 0.25 for v5 and v0 ids, 0 for v4 ids), as does the
+game's minimal action set. The stickiness is gymnasium's StickyAction wrapper at every frame, not ALE's own: ALE's
+saved state leaves out the action it repeats, so a game restored from a checkpoint could act differently at its
+first step; the wrapper's last action pickles with it, and its random draws come from the env's generator, which the
+checkpoint keeps. What only training does, ending a value estimate at a lost life and clipping rewards to their
+sign, is the rollout's (RolloutWorker's ``atari``), so that the returns it reports, and --play's, are the game's own
+score.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import re
 from typing import Any
 
 import gymnasium
 import numpy as np
 
-STICKY_ACTIONS = 0.25
-"""The probability that a frame repeats the last action instead of the one given (ALE v5's default)."""
+# The form of the ids ale-py registers outside its ALE/ namespace: NAME-v0, NAME-v4, NAMENoFrameskip-v4 (and -v0)
+_OLDER_ID = re.compile(r"[A-Z][A-Za-z]*-v[04]")
 
 
 def is_atari(env_id: str) -> bool:
-    """Whether ``env_id`` is an ALE game (``ALE/NAME-vN``)."""
-    return env_id.rpartition(":")[2].startswith("ALE/")
+    """Whether ``env_id`` is an ALE game: ``ALE/NAME-vN``, or an older id (``PongNoFrameskip-v4``) that ale-py
+    registers. Imports ale-py only for an id of the older ids' form, and only when it is installed."""
+    name = env_id.rpartition(":")[2]
+    if name.startswith("ALE/"):
+        return True
+    return bool(_OLDER_ID.fullmatch(name)) and name in _older_ale_ids()
+
+
+@functools.cache
+def _older_ale_ids() -> frozenset[str]:
+    """The ids outside ALE/ whose env is ale-py's (empty when ale-py is not installed); registers ale-py's envs."""
+    if importlib.util.find_spec("ale_py") is None:
+        return frozenset()
+    import ale_py
+
+    gymnasium.register_envs(ale_py)
+    return frozenset(env_id for env_id, spec in gymnasium.envs.registry.items()
+                     if not env_id.startswith("ALE/") and str(spec.entry_point).startswith("ale_py"))
 
 
 class ChannelsLast(gymnasium.ObservationWrapper):
@@ -52,8 +74,11 @@ def make_atari(env_id: str, **kwargs: Any) -> gymnasium.Env:
     gymnasium.register_envs(ale_py)
     # ALE's C++ core prints its banner on every game it loads, which is not this tool's line to print
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
-    sticky = kwargs.pop("repeat_action_probability", STICKY_ACTIONS)
-    env = gymnasium.make(env_id.rpartition(":")[2], frameskip=1, repeat_action_probability=0.0, **kwargs)
+    name = env_id.rpartition(":")[2]
+    # the id's own stickiness (0.25 where its registration does not say: ale-py's AtariEnv default)
+    sticky = kwargs.pop("repeat_action_probability",
+                        gymnasium.spec(name).kwargs.get("repeat_action_probability", 0.25))
+    env = gymnasium.make(name, frameskip=1, repeat_action_probability=0.0, **kwargs)
     if sticky:
         env = gymnasium.wrappers.StickyAction(env, repeat_action_probability=sticky)
     env = gymnasium.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True,

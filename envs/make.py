@@ -36,13 +36,16 @@ _NAMESPACES = {"MinAtar": ("minatar.gym", "register_envs"), "ALE": ("ale_py", No
 
 
 def register_namespace(env_id: str) -> None:
-    """Register the envs of ``env_id``'s namespace when its package does not on import (MinAtar/...); ValueError
-    with a one-line reason when the package is not installed."""
+    """Register the envs of ``env_id``'s namespace when its package does not on import (MinAtar/...), ale-py's
+    for its older ids too (``PongNoFrameskip-v4``); ValueError with a one-line reason when the package is not
+    installed."""
     import importlib
 
     import gymnasium
 
-    namespace = env_id.rpartition(":")[2].partition("/")[0] if "/" in env_id else ""
+    from envs.atari import is_atari
+
+    namespace = "ALE" if is_atari(env_id) else env_id.rpartition(":")[2].partition("/")[0] if "/" in env_id else ""
     if namespace not in _NAMESPACES or any(key.startswith(namespace + "/") for key in gymnasium.envs.registry):
         return
     module, register = _NAMESPACES[namespace]
@@ -61,7 +64,7 @@ FAMILY_NAMES = {"atari": "Atari"}
 
 def env_family(env_id: str) -> str | None:
     """The family of envs ``env_id`` belongs to, whose defaults algos.registry keeps (its key in FAMILY_NAMES), or
-    None: "atari" for an ALE game, which make_env preprocesses as envs.atari says."""
+    None: "atari" for an ALE game (its ALE/ id or an older one), which make_env preprocesses as envs.atari says."""
     from envs.atari import is_atari
 
     return "atari" if is_atari(env_id) else None

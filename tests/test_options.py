@@ -131,7 +131,9 @@ def test_a_given_option_wins_over_the_family_and_other_families_keep_the_generic
     trpo, _, _ = build_config(parse_args(["ALE/Pong-v5", "--nprocs", "2", "--algo", "trpo"]))
     assert (trpo.batch_size, trpo.envs_per_rank) == (1024, 4)  # the Atari batch, TRPO's own settings
     assert {name: getattr(trpo, name) for name in ALGORITHMS["trpo"].defaults} == ALGORITHMS["trpo"].defaults
-    for env_id in ("CartPole-v1", "MinAtar/Breakout-v1"):
+    older, _, _ = build_config(parse_args(["BreakoutNoFrameskip-v4", "--nprocs", "2"]))  # ale-py's older ids too
+    assert {name: getattr(older, name) for name in ATARI_PPO} == ATARI_PPO and older.envs_per_rank == 4
+    for env_id in ("CartPole-v1", "MinAtar/Breakout-v1", "MountainCar-v0"):  # the last of the older ids' form
         config, _, _ = build_config(parse_args([env_id, "--nprocs", "2"]))
         assert (config.batch_size, config.envs_per_rank) == (2048, 1)
         assert {name: getattr(config, name) for name in ALGORITHMS["ppo"].defaults} == ALGORITHMS["ppo"].defaults

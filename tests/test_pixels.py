@@ -21,6 +21,7 @@ from test_train import TRAIN, progress, reproducible_part, train
 from algos.numpy_actor import NumpyActor, actor_critic_state_like
 from algos.rollout import RolloutWorker
 from algos.spaces import action_spec, obs_spec
+from envs.atari import is_atari
 from envs.make import make_env
 from mpi_util import cpus_available
 from trainer.checkpoint import load_latest_checkpoint
@@ -138,10 +139,12 @@ def test_atari_is_preprocessed_and_its_snapshot_continues_exactly():
     code = """
 import pickle, sys
 import numpy as np
+from envs.atari import is_atari
 from envs.make import make_env
 from envs.snapshot import snapshot_env
-env, rng, runs = make_env("ALE/Pong-v5"), np.random.default_rng(0), []
-for seed in range(8):
+runs = []
+for seed in range(8):  # ale-py's older ids (no sticky actions) snapshot as its ALE/ ids do
+    env, rng = make_env("ALE/Pong-v5" if seed < 4 else "PongNoFrameskip-v4"), np.random.default_rng(seed)
     env.reset(seed=seed)
     for _ in range(32):
         env.step(int(rng.integers(env.action_space.n)))
@@ -156,6 +159,23 @@ sys.stdout.buffer.write(pickle.dumps(runs))
         for step, (action, (obs, *rest)) in enumerate(zip(actions, theirs, strict=True)):
             mine = copy.step(action)
             assert np.array_equal(mine[0], obs) and list(mine[1:4]) == rest, (seed, step)
+
+
+def test_the_older_ids_of_ale_py_are_atari_with_their_own_sticky_actions():
+    assert all(map(is_atari, ["ALE/Pong-v5", "PongNoFrameskip-v4", "Breakout-v4", "Pong-v0"]))
+    assert not any(map(is_atari, ["MountainCar-v0", "Walker2d-v4", "Humanoid-v4", "MinAtar/Breakout-v1", "Pong"]))
+
+    def sticky(env: gymnasium.Env) -> float:
+        while not isinstance(env, gymnasium.wrappers.StickyAction):
+            if not isinstance(env, gymnasium.Wrapper):
+                return 0.0
+            env = env.env
+        return env.repeat_action_probability
+
+    older = make_env("BreakoutNoFrameskip-v4")
+    assert older.observation_space == make_env(ATARI).observation_space
+    assert older.unwrapped._frameskip == 1  # the preprocessing skips the frames, for every id
+    assert (sticky(make_env(ATARI)), sticky(older), sticky(make_env("Breakout-v4"))) == (0.25, 0.0, 0.0)
 
 
 def test_atari_rollouts_end_the_value_at_a_lost_life_clip_rewards_and_report_the_game_score():
