@@ -139,7 +139,6 @@ def test_atari_is_preprocessed_and_its_snapshot_continues_exactly():
     code = """
 import pickle, sys
 import numpy as np
-from envs.atari import is_atari
 from envs.make import make_env
 from envs.snapshot import snapshot_env
 runs = []
