@@ -7,6 +7,7 @@ Imports gymnasium in the functions that need it: the launcher checks an env id b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 SUPPORTED = ("observations: a Box of one dimension (a vector) or three (an image, height x width x channels), or a "
@@ -56,6 +57,30 @@ def register_namespace(env_id: str) -> None:
                          "checkout") from None
     if register is not None:
         getattr(package, register)()
+
+
+def newest_version(name: str, skip: Callable[[str], bool] | None = None) -> str | None:
+    """The registered id ``name-vN`` with the highest N, leaving out the ids ``skip`` answers yes for; None if none."""
+    import re
+
+    import gymnasium
+
+    versions = [(int(m.group(1)), env_id) for env_id in gymnasium.envs.registry
+                if (m := re.fullmatch(re.escape(name) + r"-v(\d+)", env_id)) and not (skip and skip(env_id))]
+    return max(versions)[1] if versions else None
+
+
+def ids_in_namespaces(name: str) -> list[str]:
+    """The newest ``NAMESPACE/name-vN`` of each namespace train.py registers (ALE, MinAtar) whose package is
+    installed, sorted: what a bare game name such as ``Breakout`` may have meant. Registers those packages' envs."""
+    import importlib.util
+
+    found = []
+    for namespace, (module, _) in _NAMESPACES.items():
+        if importlib.util.find_spec(module.partition(".")[0]) is not None:
+            register_namespace(f"{namespace}/{name}")
+            found.append(newest_version(f"{namespace}/{name}"))
+    return sorted(env_id for env_id in found if env_id is not None)
 
 
 FAMILY_NAMES = {"atari": "Atari"}

@@ -25,6 +25,7 @@ from envs.atari import is_atari
 from envs.make import make_env
 from mpi_util import cpus_available
 from trainer.checkpoint import load_latest_checkpoint
+from trainer.config import resolve_env_id
 
 TESTS = Path(__file__).resolve().parent
 MINATAR = "MinAtar/Breakout-v1"
@@ -163,6 +164,10 @@ sys.stdout.buffer.write(pickle.dumps(runs))
 def test_the_older_ids_of_ale_py_are_atari_with_their_own_sticky_actions():
     assert all(map(is_atari, ["ALE/Pong-v5", "PongNoFrameskip-v4", "Breakout-v4", "Pong-v0"]))
     assert not any(map(is_atari, ["MountainCar-v0", "Walker2d-v4", "Humanoid-v4", "MinAtar/Breakout-v1", "Pong"]))
+    # A bare name resolves within its namespace, never to an older id, whatever this process registered before.
+    assert (resolve_env_id("ALE/Pong"), resolve_env_id("MountainCar")) == ("ALE/Pong-v5", "MountainCar-v0")
+    with pytest.raises(ValueError, match=r"^unknown environment 'Pong'; did you mean ALE/Pong-v5\?$"):
+        resolve_env_id("Pong")
 
     def sticky(env: gymnasium.Env) -> float:
         while not isinstance(env, gymnasium.wrappers.StickyAction):

@@ -131,7 +131,8 @@ _RESUMABLE = ("nprocs", "gpu_pct", "total_steps", "num_episodes", "checkpoint_ev
 
 
 def resolve_env_id(name: str) -> str:
-    """Registered gymnasium id for ``name``: exact ids as they are, bare names to their newest version.
+    """Registered gymnasium id for ``name``: exact ids as they are, bare names to their newest version (never to one
+    of ale-py's older Atari ids; ValueError naming the ALE and MinAtar ids a bare game name may mean).
 
     "package.module:EnvId" imports the module (which registers the env) and keeps the prefix, so that
     gymnasium.make imports it again in every process, on --resume and on --play.
@@ -140,7 +141,8 @@ def resolve_env_id(name: str) -> str:
 
     import gymnasium
 
-    from envs.make import register_namespace
+    from envs.atari import is_atari
+    from envs.make import ids_in_namespaces, newest_version, register_namespace
 
     register_namespace(name)
     module, _, env_name = name.rpartition(":")
@@ -153,12 +155,15 @@ def resolve_env_id(name: str) -> str:
     prefix = f"{module}:" if module else ""
     if env_name in registry:
         return prefix + env_name
-    versions = [(int(m.group(1)), env_id) for env_id in registry
-                if (m := re.fullmatch(re.escape(env_name) + r"-v(\d+)", env_id))]
-    if versions:
-        return prefix + max(versions)[1]
+    # A bare name never picks one of ale-py's older ids (Breakout -> Breakout-v4, another protocol than ALE's v5),
+    # whether or not ale-py's envs are registered yet in this process: the error below names the ALE id instead.
+    newest = newest_version(env_name, skip=lambda env_id: "/" not in env_id and is_atari(env_id))
+    if newest is not None:
+        return prefix + newest
+    games = ids_in_namespaces(env_name) if not module and "/" not in env_name else []
     close = difflib.get_close_matches(env_name, list(registry), n=3, cutoff=0.5)
-    hint = f"; closest registered: {', '.join(close)}" if close else ""
+    hint = (f"; did you mean {' or '.join(games)}?" if games
+            else f"; closest registered: {', '.join(close)}" if close else "")
     raise ValueError(f"unknown environment '{env_name}'{hint}")
 
 
