@@ -312,6 +312,11 @@ def test_bare_env_name_resolves_to_newest_version():
     assert resolve_env_id("Walker2d") == "Walker2d-v5"
     assert resolve_env_id("CartPole") == "CartPole-v1"
     assert resolve_env_id("Hopper-v4") == "Hopper-v4"
+    # Again in a process of its own, where looking at CartPole-v0 (the form of ale-py's older ids) is what first
+    # registers ale-py's envs, in the middle of the lookup.
+    code = "from trainer.config import resolve_env_id; print(resolve_env_id('CartPole'))"
+    fresh = run_bounded([sys.executable, "-c", code], timeout=60)
+    assert (fresh.returncode, fresh.stdout) == (0, "CartPole-v1\n"), fresh.stderr[-2000:]
 
 
 def test_help_explains_every_option():
