@@ -28,11 +28,14 @@ _OLDER_ID = re.compile(r"[A-Z][A-Za-z]*-v[04]")
 
 
 def is_atari(env_id: str) -> bool:
-    """Whether ``env_id`` is an ALE game: ``ALE/NAME-vN``, or an older id (``PongNoFrameskip-v4``) that ale-py
-    registers. Imports ale-py only for an id of the older ids' form, and only when it is installed."""
+    """Whether ``env_id`` is an ALE game: ``ALE/NAME-vN``, or an older id that ale-py registers."""
+    return env_id.rpartition(":")[2].startswith("ALE/") or is_older_ale_id(env_id)
+
+
+def is_older_ale_id(env_id: str) -> bool:
+    """Whether ``env_id`` is one of the ids ale-py registers outside ALE/ (``PongNoFrameskip-v4``). Imports ale-py
+    only for an id of their form, and only when it is installed."""
     name = env_id.rpartition(":")[2]
-    if name.startswith("ALE/"):
-        return True
     return bool(_OLDER_ID.fullmatch(name)) and name in _older_ale_ids()
 
 

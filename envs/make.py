@@ -65,7 +65,7 @@ def newest_version(name: str, skip: Callable[[str], bool] | None = None) -> str 
 
     import gymnasium
 
-    # A copy of the ids: skip may register envs (envs.atari.is_atari registers ale-py's on its first older id).
+    # A copy of the ids: skip may register envs (envs.atari.is_older_ale_id registers ale-py's on first use).
     versions = [(int(m.group(1)), env_id) for env_id in list(gymnasium.envs.registry)
                 if (m := re.fullmatch(re.escape(name) + r"-v(\d+)", env_id)) and not (skip and skip(env_id))]
     return max(versions)[1] if versions else None

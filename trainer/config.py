@@ -141,7 +141,7 @@ def resolve_env_id(name: str) -> str:
 
     import gymnasium
 
-    from envs.atari import is_atari
+    from envs.atari import is_older_ale_id
     from envs.make import ids_in_namespaces, newest_version, register_namespace
 
     register_namespace(name)
@@ -157,7 +157,7 @@ def resolve_env_id(name: str) -> str:
         return prefix + env_name
     # A bare name never picks one of ale-py's older ids (Breakout -> Breakout-v4, another protocol than ALE's v5),
     # whether or not ale-py's envs are registered yet in this process: the error below names the ALE id instead.
-    newest = newest_version(env_name, skip=lambda env_id: "/" not in env_id and is_atari(env_id))
+    newest = newest_version(env_name, skip=is_older_ale_id)
     if newest is not None:
         return prefix + newest
     games = ids_in_namespaces(env_name) if not module and "/" not in env_name else []
