@@ -36,6 +36,19 @@ def test_no_progress_bar_when_output_is_not_a_terminal(tmp_path):
     assert lines[2].split()[:2] == ["2", "4096"]
 
 
+def test_a_run_that_evaluates_shows_the_evaluation_s_score_after_the_training_episodes(tmp_path):
+    out = io.StringIO()
+    logger = RunLogger(tmp_path, total_steps=4096, progress_bar=False, resume=False, hparams={}, out=out,
+                       evaluates=True)
+    first, second = rows(4096, 2048)
+    logger.log({**first, "eval_return_mean": math.nan})
+    logger.log({**second, "ep_return_min": -30.0, "ep_return_max": -10.0, "eval_return_mean": 123.45})
+    logger.close()
+    header, no_evaluation, evaluated = (line.split() for line in out.getvalue().splitlines())
+    assert header[3:7] == ["ret_mean", "ret_min", "ret_max", "eval"]
+    assert no_evaluation[6] == "-" and evaluated[3:7] == ["-20.0", "-30.0", "-10.0", "123.5"]
+
+
 def test_the_run_s_settings_are_in_tensorboard_s_hparams_dashboard(tmp_path):
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.plugins.hparams import plugin_data_pb2

@@ -261,12 +261,18 @@ def in_documented_order(header: list[str]) -> bool:
 
 def test_evaluation_scores_the_policy_keeps_the_best_and_changes_nothing_of_the_training(runs_dir):
     common = ["CartPole-v1", "--nprocs", "2", "--batch_size", "512", "--total_steps", "2048", *FEW_MINIBATCHES]
-    evaluated, _ = train(*common, "--eval_every", "2", "--eval_episodes", "3", "--logdir", str(runs_dir / "eval"))
-    plain, _ = train(*common, "--logdir", str(runs_dir / "no_eval"))
+    evaluated, shown = train(*common, "--eval_every", "2", "--eval_episodes", "3", "--logdir", str(runs_dir / "eval"))
+    plain, plain_shown = train(*common, "--logdir", str(runs_dir / "no_eval"))
     rows = progress(evaluated)
     assert list(rows[0]) == [c for c in documented_columns() if c not in ("backtracks", "lag_weight_max")]
     scores = [row["eval_return_mean"] for row in rows]
     assert scores[0] == scores[2] == "nan" and "nan" not in (scores[1], scores[3]), scores
+    # The console shows each evaluation's score beside the training episodes' (a run that does not evaluate has no
+    # such column).
+    header, *lines = [line.split() for line in shown.splitlines() if line.split()[:2] in (["iter", "steps"],
+                                                                                          ["2", "1024"])]
+    assert header[6] == "eval" and lines[0][6] == f"{float(scores[1]):.1f}", shown
+    assert "eval" not in next(line for line in plain_shown.splitlines() if line.split()[:1] == ["iter"])
     assert [{k: v for k, v in row.items() if not k.startswith("eval_")} for row in reproducible_part(rows)] == \
         reproducible_part(progress(plain))
     assert b"eval_return_mean" in next((evaluated / "tb").iterdir()).read_bytes()

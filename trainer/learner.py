@@ -123,7 +123,8 @@ class Learner:
             write_atomic(self.run_dir / "config.json", (json.dumps(record, indent=2) + "\n").encode())
             self.logger = RunLogger(self.run_dir, self.config.total_steps,
                                     progress_bar=mpi_util.stdout_is_terminal(), resume=resuming,
-                                    hparams=asdict(self.config), tracker=self._start_tracking(record))
+                                    hparams=asdict(self.config), tracker=self._start_tracking(record),
+                                    evaluates=self.config.eval_every > 0)
             if resuming:
                 self.logger.truncate_after(iteration)
         except OSError as error:

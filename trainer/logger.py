@@ -20,7 +20,7 @@ from tqdm import tqdm
 from trainer.checkpoint import write_atomic
 
 # Columns of the console line: (key in the logged row, header, width, format spec). The CSV and TensorBoard
-# get every key.
+# get every key. The evaluation's column follows ret_max in runs that evaluate (--eval_every).
 _CONSOLE = [
     ("iteration", "iter", 5, "d"),
     ("total_steps", "steps", 9, "d"),
@@ -38,6 +38,7 @@ _CONSOLE = [
     ("t_update", "t_upd", 6, ".2f"),
     ("t_bcast", "t_bcast", 7, ".3f"),
 ]
+_EVAL_COLUMN = ("eval_return_mean", "eval", 8, ".1f")
 
 
 def _cell(value: Any, width: int, spec: str) -> str:
@@ -60,12 +61,16 @@ def _whole_row_up_to(line: str, n_columns: int, iteration: int) -> bool:
 
 class RunLogger:
     """Writes RUN_DIR/progress.csv (every logged value, one row per iteration), TensorBoard event files in
-    RUN_DIR/tb, and prints a compact line per iteration; with ``progress_bar`` also a bar with ETA on the
-    step budget; the run's settings go to TensorBoard's HParams dashboard. Used on rank 0 only."""
+    RUN_DIR/tb, and prints a compact line per iteration (with ``evaluates``, the evaluation's mean return too);
+    with ``progress_bar`` also a bar with ETA on the step budget; the run's settings go to TensorBoard's HParams
+    dashboard. Used on rank 0 only."""
 
     def __init__(self, run_dir: Path, total_steps: int, progress_bar: bool, resume: bool,
-                 hparams: dict[str, Any], tracker: Any = None, out: TextIO = sys.stdout) -> None:
+                 hparams: dict[str, Any], tracker: Any = None, out: TextIO = sys.stdout,
+                 evaluates: bool = False) -> None:
         self.run_dir = run_dir
+        after_max = _CONSOLE.index(("ep_return_max", "ret_max", 8, ".1f")) + 1
+        self._console = _CONSOLE[:after_max] + [_EVAL_COLUMN] * evaluates + _CONSOLE[after_max:]
         self.total_steps = total_steps
         self.progress_bar = progress_bar
         self.out = out
@@ -118,8 +123,8 @@ class RunLogger:
     def _print(self, row: dict[str, Any]) -> None:
         lines = []
         if self._lines_printed % 20 == 0:
-            lines.append(" ".join(name.rjust(width) for _, name, width, _ in _CONSOLE))
-        lines.append(" ".join(_cell(row.get(key), width, spec) for key, _, width, spec in _CONSOLE))
+            lines.append(" ".join(name.rjust(width) for _, name, width, _ in self._console))
+        lines.append(" ".join(_cell(row.get(key), width, spec) for key, _, width, spec in self._console))
         self._lines_printed += 1
         steps = int(row["total_steps"])
         if not self.progress_bar:
