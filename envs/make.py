@@ -7,6 +7,7 @@ Imports gymnasium in the functions that need it: the launcher checks an env id b
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -72,16 +73,36 @@ def newest_version(name: str, skip: Callable[[str], bool] | None = None) -> str 
 
 
 def ids_in_namespaces(name: str) -> list[str]:
-    """The newest ``NAMESPACE/name-vN`` of each namespace train.py registers (ALE, MinAtar) whose package is
-    installed, sorted: what a bare game name such as ``Breakout`` may have meant. Registers those packages' envs."""
-    import importlib.util
+    """``NAMESPACE/name`` if registered, else the newest ``NAMESPACE/name-vN``, of each namespace train.py registers
+    (ALE, MinAtar) whose package is installed, sorted: what a game's name without its namespace (``Breakout``,
+    ``Pong-v5``) may have meant. Registers those packages' envs."""
+    import gymnasium
 
     found = []
     for namespace, (module, _) in _NAMESPACES.items():
         if importlib.util.find_spec(module.partition(".")[0]) is not None:
             register_namespace(f"{namespace}/{name}")
-            found.append(newest_version(f"{namespace}/{name}"))
+            in_namespace = f"{namespace}/{name}"
+            found.append(in_namespace if in_namespace in gymnasium.envs.registry else newest_version(in_namespace))
     return sorted(env_id for env_id in found if env_id is not None)
+
+
+def registered_spelling(name: str) -> str | None:
+    """The registered id, or name of ids without their ``-vN``, that ``name`` spells but for case (``pong`` ->
+    ``Pong``, ``minatar/breakout-v1`` -> ``MinAtar/Breakout-v1``), registering the envs of a namespace train.py
+    registers that it names; None when there is none, or more than one."""
+    import re
+
+    import gymnasium
+
+    namespace = name.rpartition("/")[0].lower()
+    for known in _NAMESPACES:
+        if namespace == known.lower() and importlib.util.find_spec(_NAMESPACES[known][0].partition(".")[0]):
+            register_namespace(f"{known}/")
+    ids = list(gymnasium.envs.registry)
+    spellings = {spelling for env_id in ids for spelling in (env_id, re.sub(r"-v\d+$", "", env_id))
+                 if spelling.lower() == name.lower()}
+    return spellings.pop() if len(spellings) == 1 else None
 
 
 FAMILY_NAMES = {"atari": "Atari"}

@@ -168,6 +168,12 @@ def test_the_older_ids_of_ale_py_are_atari_with_their_own_sticky_actions():
     assert (resolve_env_id("ALE/Pong"), resolve_env_id("MountainCar")) == ("ALE/Pong-v5", "MountainCar-v0")
     with pytest.raises(ValueError, match=r"^unknown environment 'Pong'; did you mean ALE/Pong-v5\?$"):
         resolve_env_id("Pong")
+    # A name that differs from an id only in case, or lacks its namespace, names that id.
+    for name, meant in [("pong", "ALE/Pong-v5"), ("Pong-v5", "ALE/Pong-v5"), ("ALE/pong", "ALE/Pong-v5"),
+                        ("Breakout-v1", "MinAtar/Breakout-v1"), ("cartpole-v1", "CartPole-v1"),
+                        ("walker2d", "Walker2d-v5"), ("breakout", "ALE/Breakout-v5 or MinAtar/Breakout-v1")]:
+        with pytest.raises(ValueError, match=rf"^unknown environment '{name}'; did you mean {meant}\?$"):
+            resolve_env_id(name)
 
     def sticky(env: gymnasium.Env) -> float:
         while not isinstance(env, gymnasium.wrappers.StickyAction):

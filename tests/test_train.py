@@ -339,6 +339,7 @@ def test_help_explains_every_option():
 BAD_INPUTS = [
     (["Walker2dd"], "unknown environment 'Walker2dd'; closest registered: Walker2d"),
     (["Breakout"], "unknown environment 'Breakout'; did you mean ALE/Breakout-v5 or MinAtar/Breakout-v1?"),
+    (["minatar/breakout"], "unknown environment 'minatar/breakout'; did you mean MinAtar/Breakout-v1?"),
     (["Blackjack-v1"], "Blackjack-v1: observation space Tuple(Discrete(32), Discrete(11), Discrete(2)) is not "
                        "supported; supported: observations: a Box of one dimension"),
     (["CartPole-v1", "--nprocs", "two"], "--nprocs must be an integer >= 1, got 'two'"),

@@ -142,7 +142,7 @@ def resolve_env_id(name: str) -> str:
     import gymnasium
 
     from envs.atari import is_older_ale_id
-    from envs.make import ids_in_namespaces, newest_version, register_namespace
+    from envs.make import newest_version, register_namespace
 
     register_namespace(name)
     module, _, env_name = name.rpartition(":")
@@ -160,11 +160,30 @@ def resolve_env_id(name: str) -> str:
     newest = newest_version(env_name, skip=is_older_ale_id)
     if newest is not None:
         return prefix + newest
-    games = ids_in_namespaces(env_name) if not module and "/" not in env_name else []
-    close = difflib.get_close_matches(env_name, list(registry), n=3, cutoff=0.5)
-    hint = (f"; did you mean {' or '.join(games)}?" if games
-            else f"; closest registered: {', '.join(close)}" if close else "")
-    raise ValueError(f"unknown environment '{env_name}'{hint}")
+    raise ValueError(f"unknown environment '{env_name}'{_unknown_env_hint(env_name, bare=not module)}")
+
+
+def _unknown_env_hint(env_name: str, bare: bool) -> str:
+    """What resolve_env_id's error adds for a name that matched no id: the ids it may have meant (a bare game name's
+    ALE and MinAtar ids; an id or name that differs only in case), else the closest registered ids, else nothing."""
+    import gymnasium
+
+    from envs.atari import is_older_ale_id
+    from envs.make import ids_in_namespaces, newest_version, registered_spelling
+
+    def meant(name: str) -> list[str]:
+        if name in gymnasium.envs.registry:
+            return [name]
+        newest = newest_version(name, skip=is_older_ale_id)
+        return [newest] if newest else ids_in_namespaces(name) if bare and "/" not in name else []
+
+    games = ids_in_namespaces(env_name) if bare and "/" not in env_name else []
+    spelled = registered_spelling(env_name) if not games else None
+    games = games or (meant(spelled) if spelled else [])
+    if games:
+        return f"; did you mean {' or '.join(games)}?"
+    close = difflib.get_close_matches(env_name, list(gymnasium.envs.registry), n=3, cutoff=0.5)
+    return f"; closest registered: {', '.join(close)}" if close else ""
 
 
 
