@@ -188,7 +188,8 @@ def test_an_exported_policy_is_one_file_of_data_that_plays_without_tensorflow_or
     assert result["actions"] == actor.act(obs, None, deterministic=True).tolist()
     assert result["values"] == actor.value(obs).tolist()
     played = run_bounded([sys.executable, TRAIN, "--play", str(policy), "--episodes", "1"], timeout=60)
-    assert played.returncode == 0 and "mean return" in played.stdout, played.stderr[-2000:]
+    assert played.returncode == 0 and re.search(r"^mean return \S+ over 1 episode$", played.stdout, re.M), \
+        (played.stdout[-2000:], played.stderr[-2000:])
     example = run_bounded([sys.executable, str(REPO / "examples" / "play_policy_file.py"), str(policy)], timeout=60,
                           env={"PYTHONPATH": str(REPO)})
     assert example.returncode == 0 and example.stderr == "", example.stderr[-2000:]

@@ -133,7 +133,7 @@ def play_and_record(env: Any, actor: Any, seed: int, episodes: int, video_path: 
     # The frames of an animation: every one for .mp4, every k-th for .gif (GIF_MAX_FPS); none otherwise.
     render_every = 1 if suffix == ".mp4" else math.ceil(fps / GIF_MAX_FPS) if suffix == ".gif" else 0
     returns, frames = play_episodes(env, actor, seed, episodes, render_every, recorder)
-    print(f"mean return {np.mean(returns):.1f} over {episodes} episodes")
+    print(f"mean return {np.mean(returns):.1f} over {episodes} episode{'s' * (episodes != 1)}")
     if recorder is not None:
         frames = recorder.strip()
     if video_path:
