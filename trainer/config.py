@@ -87,7 +87,8 @@ class TrainConfig:
         ALGORITHM_DEFAULT, "PPO: 'linear' decays --clip_ratio to 0 over --total_steps as --lr_schedule does the "
                            "learning rate, 'constant' keeps it", choices=("linear", "constant"))
     ent_coef: float | None = setting(ALGORITHM_DEFAULT, "PPO: weight of the entropy bonus in the loss")
-    vf_coef: float | None = setting(ALGORITHM_DEFAULT, "PPO: weight of the value loss in the loss")
+    vf_coef: float | None = setting(ALGORITHM_DEFAULT,
+                                    "PPO: weight of the value loss, the mean squared error of the values, in the loss")
     value_targets: str | None = setting(
         ALGORITHM_DEFAULT, "PPO: what the value function learns: 'normalized', the returns scaled by their running "
                            "mean and standard deviation; 'raw', the returns as they are", choices=VALUE_TARGETS)
