@@ -187,7 +187,6 @@ def _unknown_env_hint(env_name: str, bare: bool) -> str:
     return f"; closest registered: {', '.join(close)}" if close else ""
 
 
-
 def check_named_module(saved_env_id: str, named: str | None, option: str, run_dir: Path) -> None:
     """ValueError with a one-line reason when a run's config.json names an env id that imports a module
     (``module:Id``) and the user did not name that id on the command line (``named``, train.py's env argument):

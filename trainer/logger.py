@@ -69,7 +69,7 @@ class RunLogger:
                  hparams: dict[str, Any], tracker: Any = None, out: TextIO = sys.stdout,
                  evaluates: bool = False) -> None:
         self.run_dir = run_dir
-        after_max = _CONSOLE.index(("ep_return_max", "ret_max", 8, ".1f")) + 1
+        after_max = [key for key, *_ in _CONSOLE].index("ep_return_max") + 1
         self._console = _CONSOLE[:after_max] + [_EVAL_COLUMN] * evaluates + _CONSOLE[after_max:]
         self.total_steps = total_steps
         self.progress_bar = progress_bar
