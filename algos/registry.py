@@ -102,7 +102,8 @@ whatever the process count divides it into (8 envs of 128 steps: 4 per process a
 
 # The Atari work of the PPO paper (Schulman et al. 2017, table 5) as rl-baselines3-zoo's hyperparams/ppo.yml gives it
 # for every ALE game: 8 envs x 128 steps, 4 epochs of 256 rows, lr 2.5e-4 and clip 0.1 both decayed linearly to 0,
-# entropy 0.01, no KL early stop (kl_targ 0). CleanRL's ppo_atari.py is the same but keeps the clip constant.
+# entropy 0.01, value coefficient 0.5, no KL early stop (kl_targ 0). CleanRL's ppo_atari.py is the same but keeps
+# the clip constant.
 _ATARI_BATCH = {"batch_size": 1024, ENVS_IN_ALL: 8}
 
 VALUE_TARGETS = ("normalized", "raw")
@@ -118,16 +119,13 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         # CleanRL's Atari runs learn them (rewards clipped to their sign keep them small). Breakout after 2M frames,
         # seeds 0-4: raw mean 9.2 (6.8-10.3) against normalized 8.4 (6.1-11.8), within the seeds' spread
         # (benchmarks/README.md, section Pixels).
-        # Atari's value loss weighs 0.25 x the mean squared error, the weight of baselines' ppo2 (the PPO paper's code)
-        # and CleanRL's ppo_atari.py (0.5 x half the squared error; they clip it, this does not), half of
-        # stable-baselines3's and rl-baselines3-zoo's 0.5: through the shared torso the value's gradient otherwise
-        # weighs twice theirs. Breakout after 2M frames, seeds 0-2: 0.25 scored a mean of 11.0 against 0.5's 10.0
-        # and the CleanRL-style peer's 9.5 (benchmarks/README.md, section Pixels).
+        # Atari's value loss keeps rl-baselines3-zoo's 0.5 x the mean squared error. baselines' ppo2 and CleanRL's
+        # ppo_atari.py weigh 0.25 of it (0.5 x half the squared error, clipped); Breakout after 2M frames, seeds 0-3,
+        # scored 12.3, 9.2, 11.6 and 2.3 at 0.25 (mean 8.9) against 0.5's 9.2 (benchmarks/README.md, section Pixels).
         # MinAtar keeps the generic settings: its Breakout scored 11.6 with them against 4.9 at the Atari settings
         # (--nprocs 2, 500k steps, seeds 0-2; benchmarks/README.md, section Pixels).
         families={"atari": {**_ATARI_BATCH, "lr": 2.5e-4, "epochs": 4, "minibatch_size": 256, "kl_targ": 0.0,
-                            "clip_ratio": 0.1, "clip_schedule": "linear", "ent_coef": 0.01, "vf_coef": 0.25,
-                            "value_targets": "raw"}},
+                            "clip_ratio": 0.1, "clip_schedule": "linear", "ent_coef": 0.01, "value_targets": "raw"}},
         # On Atari one torso, as the PPO paper's Atari networks, baselines, SB3 and CleanRL have it with the Atari
         # settings: half the update's arithmetic and half the workers' forward passes of two CNNs. Not on other image
         # envs at the generic settings: MinAtar Breakout at --nprocs 2 ended at 7.1 with one torso against 13.1 with

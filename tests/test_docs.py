@@ -396,6 +396,10 @@ FIGURES = [
        [f"train.py --nprocs 2: final mean return {score} over 1 run(s)", "RAW_RETURNS=1", "bit for bit",
         f"501760 steps per run on ALE/Breakout-v5, seed {seed}", "cpu_flags sse4_2 avx avx2 fma,"])
       for seed, score in enumerate(("10.28", "9.95", "9.83", "6.78", "9.29"))],
+    *[("training.md", "for seeds 0-3\n  (mean 8.9)", f"learning_breakout_vf025_seed{seed}/results.md",
+       [f"train.py --nprocs 2 --vf_coef 0.25: final mean return {score} over 1 run(s)", "config.json: vf_coef 0.25",
+        f"501760 steps per run on ALE/Breakout-v5, seed {seed}", "cpu_flags sse4_2 avx avx2 fma,"])
+      for seed, score in enumerate(("12.32", "9.24", "11.62", "2.26"))],
     ("training.md", "(seed 4 in 1,883 s, the peer's on the same machine in 1,962 s)",
      "learning_breakout_raw_targets_seed4/results.md", ["| 1883 | 2.02 |"]),
     ("training.md", "a game score of -20.4 over the last 10 iterations, against -19.9", "learning_pong/results.md",

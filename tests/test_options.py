@@ -109,7 +109,7 @@ def test_help_shows_each_default_from_its_one_source():
 
 
 ATARI_PPO = {"batch_size": 1024, "epochs": 4, "minibatch_size": 256, "lr": 2.5e-4, "lr_schedule": "linear",
-             "clip_ratio": 0.1, "clip_schedule": "linear", "ent_coef": 0.01, "vf_coef": 0.25, "kl_targ": 0.0,
+             "clip_ratio": 0.1, "clip_schedule": "linear", "ent_coef": 0.01, "vf_coef": 0.5, "kl_targ": 0.0,
              "value_targets": "raw"}
 
 
