@@ -72,6 +72,11 @@ def newest_version(name: str, skip: Callable[[str], bool] | None = None) -> str 
     return max(versions)[1] if versions else None
 
 
+def _installed(namespace: str) -> bool:
+    """Whether the package that registers ``namespace``'s envs (a key of _NAMESPACES) is installed."""
+    return importlib.util.find_spec(_NAMESPACES[namespace][0].partition(".")[0]) is not None
+
+
 def ids_in_namespaces(name: str) -> list[str]:
     """``NAMESPACE/name`` if registered, else the newest ``NAMESPACE/name-vN``, of each namespace train.py registers
     (ALE, MinAtar) whose package is installed, sorted: what a game's name without its namespace (``Breakout``,
@@ -79,10 +84,10 @@ def ids_in_namespaces(name: str) -> list[str]:
     import gymnasium
 
     found = []
-    for namespace, (module, _) in _NAMESPACES.items():
-        if importlib.util.find_spec(module.partition(".")[0]) is not None:
-            register_namespace(f"{namespace}/{name}")
+    for namespace in _NAMESPACES:
+        if _installed(namespace):
             in_namespace = f"{namespace}/{name}"
+            register_namespace(in_namespace)
             found.append(in_namespace if in_namespace in gymnasium.envs.registry else newest_version(in_namespace))
     return sorted(env_id for env_id in found if env_id is not None)
 
@@ -97,7 +102,7 @@ def registered_spelling(name: str) -> str | None:
 
     namespace = name.rpartition("/")[0].lower()
     for known in _NAMESPACES:
-        if namespace == known.lower() and importlib.util.find_spec(_NAMESPACES[known][0].partition(".")[0]):
+        if namespace == known.lower() and _installed(known):
             register_namespace(f"{known}/")
     ids = list(gymnasium.envs.registry)
     spellings = {spelling for env_id in ids for spelling in (env_id, re.sub(r"-v\d+$", "", env_id))
