@@ -15,6 +15,7 @@ import json
 import math
 import os
 import platform
+import resource
 import shlex
 import signal
 import statistics
@@ -86,6 +87,13 @@ def options(doc: str, out: str, **defaults: Any) -> argparse.ArgumentParser:
 # ----------------------------------------------------------------------------------------------------------------
 # The lines above every table.
 # ----------------------------------------------------------------------------------------------------------------
+
+
+def children_cpu_s() -> float:
+    """User and system CPU seconds of this process's waited-for descendants so far: a job's ranks, once mpiexec has
+    reaped them."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def load_average() -> float:

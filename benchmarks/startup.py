@@ -16,7 +16,6 @@ import csv
 import math
 import os
 import re
-import resource
 import shlex
 import signal
 import subprocess
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import REPO, fmt, load_average, median, options, table, write_results
+from harness import REPO, children_cpu_s, fmt, load_average, median, options, table, write_results
 
 FIRST_ITERATION = re.compile(r"^\s+1\s+\d+\s")
 # The table's medians and its ratios to the baseline per repeat, in column order.
@@ -65,13 +64,6 @@ def rank_and_peak_mb(pid: int) -> tuple[int, float] | None:
     rank = next((int(item.split(b"=", 1)[1]) for item in environ if item.startswith(b"PMI_RANK=")), None)
     peak = next((int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmHWM:")), None)
     return None if rank is None or peak is None else (rank, peak)
-
-
-def children_cpu_s() -> float:
-    """User and system CPU seconds of this process's waited-for descendants so far: a job's ranks, once mpiexec has
-    reaped them."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def run_once(name: str, tree: Path, env_id: str, nprocs: int, total_steps: int, workdir: Path,
