@@ -51,6 +51,6 @@ def test_lagged_run_with_a_shared_budget_and_one_process(tmp_path):
     assert [int(r["total_steps"]) for r in rows] == [2000, 4000, 6000]
     assert all(r["sync_ok"] == "1.0" for r in rows)
     single, out = train("Pendulum-v1", "--algo", "trpo", "--policy_lag", "1", "--total_steps", "4000",
-                        "--batch_size", "2000", *FEW_MINIBATCHES, "--logdir", str(tmp_path / "single"))
+                        "--batch_size", "2000", *FEW_MINIBATCHES, "--check_sync", "--logdir", str(tmp_path / "single"))
     assert "TRPO on Pendulum-v1: 1 process, batch 2000 steps" in out, out
-    assert [int(r["total_steps"]) for r in progress(single)] == [2000, 4000]
+    assert [(int(r["total_steps"]), r["sync_ok"]) for r in progress(single)] == [(2000, "1.0"), (4000, "1.0")]
