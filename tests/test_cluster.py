@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FEW_MINIBATCHES, REPO, USES_SMALL_RUN, JobOutput, launcher, run_bounded
-from test_train import TRAIN, train
+from test_train import TRAIN
 
 from trainer.checkpoint import load_checkpoint
 from trainer.kernels import runs_avx2_kernels
@@ -64,12 +64,6 @@ def test_resume_of_what_is_not_a_resumable_run_is_one_line(tmp_path, small_run):
         checkpoint.unlink()
     line = one_error_line(run_bounded([sys.executable, TRAIN, "--resume", str(small_run)], 60))
     assert "no usable checkpoint" in line and "(no ckpt_*.npz files)" in line, line
-
-
-def test_a_budget_below_one_batch_says_what_runs(tmp_path):
-    _, out = train("CartPole-v1", "--total_steps", "10", "--batch_size", "256", "--logdir", str(tmp_path))
-    assert ("train.py: note: the budget is spent in whole batches: --total_steps 10 runs one iteration of "
-            "--batch_size 256 steps") in out, out
 
 
 def test_an_update_that_makes_the_weights_non_finite_stops_the_job_and_keeps_the_last_checkpoint(tmp_path):

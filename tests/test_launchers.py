@@ -31,15 +31,19 @@ def only_run_dir(logdir: Path) -> Path:
 
 def test_train_started_by_mpirun_writes_one_run_directory_no_bar_and_what_nprocs_gives(tmp_path):
     # mpirun is the name both MPICH and Open MPI install beside mpiexec. Output to a file: under Open MPI a rank's
-    # stdout is a pseudo-terminal all the same, and the progress bar must not be drawn into the file.
+    # stdout is a pseudo-terminal all the same, and the progress bar must not be drawn into the file. --max_restarts
+    # is ignored under a launcher, with a one-line note (the training is the same).
     command, env = launcher("-np", "2", sys.executable, "-u", TRAIN, "CartPole-v1", "--total_steps", "2048",
-                            "--batch_size", "1024", *FEW_MINIBATCHES, "--logdir", str(tmp_path / "runs"))
+                            "--max_restarts", "2", "--batch_size", "1024", *FEW_MINIBATCHES,
+                            "--logdir", str(tmp_path / "runs"))
     command[0] = str(Path(command[0]).with_name("mpirun"))
     with open(tmp_path / "out.txt", "w") as out:
         proc = subprocess.run(command, stdout=out, stderr=subprocess.PIPE, text=True, timeout=240,
                               env={**os.environ, "PYTHONPATH": str(REPO), **env}, cwd=tmp_path)
     text = (tmp_path / "out.txt").read_text()
     assert proc.returncode == 0, proc.stderr[-3000:] + text[-3000:]
+    assert proc.stderr == ("train.py: note: --max_restarts is ignored under a launcher (mpiexec, mpirun or srun); "
+                           "train.py restarts only a job it launched itself (python train.py ... --nprocs N)\n")
     assert "PPO on CartPole-v1: 2 processes" in text, text
     assert "\r" not in text and "step/s" not in text, text  # tqdm's bar: carriage returns and a rate
     run_dir = only_run_dir(tmp_path / "runs")

@@ -7,8 +7,8 @@ import argparse
 import sys
 
 import pytest
-from conftest import FEW_MINIBATCHES, launcher, run_bounded
-from test_train import TRAIN, progress
+from conftest import launcher, run_bounded
+from test_train import TRAIN
 
 from mpi_util.supervise import JobWatch
 from mpi_util.text import few, name_ranks
@@ -57,16 +57,6 @@ def test_usage_error_under_a_launcher_is_said_once(tmp_path):
     assert result.returncode == 2
     assert result.stderr == "train.py: error: unrecognized arguments: --foo; see --help\n"
     assert not list(tmp_path.iterdir())
-
-
-def test_max_restarts_under_a_launcher_is_a_one_line_note_and_the_job_trains(tmp_path):
-    command, env = launcher("-n", "2", sys.executable, TRAIN, "CartPole-v1", "--max_restarts", "2", "--batch_size",
-                            "1024", *FEW_MINIBATCHES, "--total_steps", "1024", "--logdir", str(tmp_path))
-    result = run_bounded(command, timeout=180, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stderr == ("train.py: note: --max_restarts is ignored under a launcher (mpiexec, mpirun or srun); "
-                             "train.py restarts only a job it launched itself (python train.py ... --nprocs N)\n")
-    assert [int(row["total_steps"]) for row in progress(next(tmp_path.iterdir()))] == [1024]
 
 
 def test_few_names_at_most_three_and_counts_the_rest():

@@ -388,13 +388,15 @@ def test_first_command_prints_only_our_own_lines(tmp_path):
         assert any(re.fullmatch(pattern, line) for pattern in ours), line
 
 
-def test_workers_import_no_tensorflow(tmp_path):
+def test_workers_import_no_tensorflow_and_a_budget_below_one_batch_says_what_runs(tmp_path):
     env = {"FAULT_KIND": "report_modules", "FAULT_REPORT_DIR": str(tmp_path)}
     result = run_bounded([sys.executable, TRAIN, "tests.faulty_env:FaultyPendulum-v0", "--nprocs", "3",
-                          "--batch_size", "1536", "--total_steps", "1536", *FEW_MINIBATCHES,
+                          "--batch_size", "1536", "--total_steps", "1000", *FEW_MINIBATCHES,
                           "--logdir", str(tmp_path / "runs")],
                          timeout=180, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert ("train.py: note: the budget is spent in whole batches: --total_steps 1000 runs one iteration of "
+            "--batch_size 1536 steps") in result.stdout, result.stdout
     reports = [json.loads((tmp_path / f"modules_{r}.json").read_text()) for r in range(3)]
     assert "tensorflow" in reports[0]["modules"]  # rank 0 learns
     assert reports[1]["modules"] == reports[2]["modules"] == [], reports
