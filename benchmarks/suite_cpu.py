@@ -28,7 +28,7 @@ PROBE = '''import atexit, os, sys
 def _log():
     times = os.times()
     frameworks = "+".join(name for name, module in (("TensorFlow", "tensorflow"), ("torch", "torch"), ("JAX", "jax"))
-                          if module in sys.modules) or "neither"
+                          if sys.modules.get(module) is not None) or "neither"
     test = os.environ.get("PYTEST_CURRENT_TEST", "(pytest)").rsplit(" (", 1)[0]
     fields = [f"{times.user + times.system:.2f}", frameworks, test]
     with open(os.environ["SUITE_CPU_LOG"], "a") as log:
