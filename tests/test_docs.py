@@ -331,6 +331,9 @@ FIGURES = [
     ("training.md", "it gave 1.07x at `--nprocs 2`, and nothing at 4 or 8", "variants_policy_lag/results.md",
      ["| 2 | lag | 14,292 | 0.0659 | 0.0014 | 0.0759 | 0.0010 | 1.07x |", "| 4 | lag | 13,135 |", "0.97x |",
       "| 8 | lag | 11,796 |", "0.99x |"]),
+    ("training.md", "on Pong at `--nprocs 2` on 2 cores it cost 0.76x", "variants_policy_lag_pong_zen3/results.md",
+     ["| 2 | sync | 291 | 0.9036 | 0.0322 | 2.5957 | 0.0052 | 1.00x |",
+      "| 2 | lag | 221 | 0.0004 | 0.4793 | 4.1445 | 0.0049 | 0.76x | 0.81, 0.72 |"]),
     ("../README.md", "`--policy_lag 1` lets the other processes roll out the next batch while rank 0 updates: "
      "1.07x the default's steps/s at `--nprocs 2`", "variants_policy_lag/results.md",
      ["| 2 | lag | 14,292 |", "| 1.07x |"]),

@@ -62,8 +62,9 @@ class TrainConfig:
                 "for bit; one host only)", choices=("even", "shared"))
     policy_lag: int = setting(
         0, "1: the processes roll out the next batch with the current weights while rank 0 learns from the last one "
-           "(one update of policy lag, importance-weighted); faster when the update would leave them waiting; "
-           "--batch_split then defaults to 'shared'", choices=(0, 1))
+           "(one update of policy lag, importance-weighted); faster when the update leaves cores idle (an MLP's), "
+           "slower when it uses every core (an image network's on a small host); --batch_split then defaults to "
+           "'shared'", choices=(0, 1))
     gamma: float = setting(0.99, "discount factor, in (0, 1]", short="-g")
     lam: float = setting(0.95, "GAE lambda, in (0, 1]", short="-l")
     kl_targ: float | None = setting(ALGORITHM_DEFAULT, "TRPO: KL trust region; PPO: stop an update's epochs when KL "
