@@ -62,8 +62,9 @@ class PPO:
         self.cfg = cfg
         self.rng = np.random.default_rng(seed)
         self._variables = ac.variables()
-        # Adam in float32 with the epsilon of the PPO reference implementations; its slots exist from here on, so a
-        # resumed run can set them before its first update.
+        # Adam in float32 with the epsilon value of the PPO reference implementations (1e-5), in TensorFlow's form:
+        # added to the uncorrected sqrt(v), as baselines' TensorFlow Adam does; torch's Adam (CleanRL's) adds it to the
+        # bias-corrected one. Its slots exist from here on, so a resumed run can set them before its first update.
         self.optimizer = FusedAdam(self._variables, learning_rate=cfg.lr, epsilon=1e-5)
         # A variable, so that a schedule changes it between updates without tracing the steps again.
         self.clip_ratio = tf.Variable(cfg.clip_ratio, dtype=tf.float32, trainable=False, name="clip_ratio")

@@ -518,8 +518,8 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     # and at the Atari defaults since (raw value targets), the seeds run so far: 0-4 alone, 5 beside the peer.
     raw = [float(row["mean_return"]) for path in sorted(RESULTS.glob("learning_breakout_raw_targets_seed*/runs.csv"))
            for row in csv.DictReader(path.open(newline=""))]
-    raw += [float(row["mean_return"]) for row in csv.DictReader((RESULTS / "learning_breakout_seed5/runs.csv").open())
-            if row["system"].startswith("train.py")]
+    with open(RESULTS / "learning_breakout_seed5/runs.csv", newline="") as f:
+        raw += [float(row["mean_return"]) for row in csv.DictReader(f) if row["system"].startswith("train.py")]
     assert f"for seeds 0-{len(raw) - 1} (mean {sum(raw) / len(raw):.1f})" in training, raw
 
 
