@@ -140,13 +140,20 @@ def test_bcast_falls_back_to_mpi_when_shared_memory_is_refused(run_mpi, tmp_path
     assert not any(json.loads((tmp_path / f"host_bcast_{r}.json").read_text())["fell_back"] for r in range(3))
 
 
-def test_bcast_keras_tf_module_variables_bit_exact(run_mpi, tmp_path):
+def test_bcast_keras_tf_module_variables_bit_exact_after_setup_gpu_says_once_that_there_is_no_gpu(run_mpi, tmp_path):
     # One size: what depends on the number of ranks is the numpy broadcast below the TensorFlow objects, which
-    # test_bcast_numpy_is_bit_exact runs at every size; each rank of this job imports TensorFlow (about 5 CPU-s).
+    # test_bcast_numpy_is_bit_exact runs at every size; each rank of this job imports TensorFlow (about 5 CPU-s), so
+    # the same job also calls setup_gpu(0.08) as a TensorFlow script begins.
     nprocs = 2
-    run_mpi(nprocs, "bcast_cases.py", str(tmp_path), "tf", timeout=180)
+    result = run_mpi(nprocs, "bcast_cases.py", str(tmp_path), "tf", timeout=180)
     check_bcast(tmp_path, nprocs, ["numpy_list", "large", "larger", "keras_model", "tf_module", "tf_variables",
                                    "mixed_list"])
+    if "GPU_COUNT 0" in result.stdout:  # with a GPU, setup_gpu has a GPU to set up and says what it did
+        # "once": rank 0 says it, the other rank not
+        assert result.stdout.count("no GPU visible to TensorFlow; gpu_pct=0.08 has no effect") == 1, result.stdout
+        assert result.stdout.count("SETUP {'gpu': None, 'memory_limit_mb': None}") == nprocs, result.stdout
+    else:
+        assert "GPU_COUNT" in result.stdout, result.stdout
 
 
 def test_bcast_torch_module_with_a_0d_buffer(run_mpi, tmp_path):

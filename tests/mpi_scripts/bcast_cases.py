@@ -1,5 +1,6 @@
 """Every rank builds differently initialised models and arrays, then rank0_bcast_wts; each rank saves its values
-before and after into argv[1]. argv[2] == "tf" adds Keras, tf.Module and tf.Variable cases (slow to import),
+before and after into argv[1]. argv[2] == "tf" adds Keras, tf.Module and tf.Variable cases (slow to import), after
+mpi_util.setup_gpu(0.08) on every rank, which prints what it did and the GPUs TensorFlow sees (rank 0's line),
 argv[2] == "torch" a torch module whose BatchNorm holds a 0-d buffer (num_batches_tracked).
 
 With BCAST_FILE_LIMIT=N in the environment, files larger than N bytes cannot be written during the broadcasts
@@ -39,8 +40,12 @@ cases = {
     "larger": [rng.standard_normal((1000, 2000)).astype(np.float32), rng.integers(0, 9, 3)],
 }
 if framework == "tf":
+    gpu_setup = mpi_util.setup_gpu(0.08)
     import keras
     import tensorflow as tf
+
+    mpi_util.print0(f"GPU_COUNT {len(tf.config.list_physical_devices('GPU'))}")
+    print(f"SETUP {gpu_setup}", flush=True)
 
     mpi_util.set_global_seeds(7)  # a different seed per rank: the models start different
     model = keras.Sequential([keras.Input((17,)), keras.layers.Dense(64, activation="tanh"), keras.layers.Dense(6)])
