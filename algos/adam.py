@@ -14,21 +14,17 @@ class FusedAdam:
     ``variables`` is [iterations () int64, learning_rate () float32, m_0, v_0, m_1, v_1, ...] with m_i, v_i shaped
     like the i-th trained variable: the order keras.optimizers.Adam uses, so checkpoints written with either restore
     into the other. Per step t (counting from 1), for each variable w with gradient g:
-    m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; w -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + e), where
-    e is ``epsilon`` (TensorFlow's and Keras's form: epsilon added to the uncorrected sqrt(v)) or, with
-    ``epsilon_corrected``, epsilon sqrt(1 - b2^t), which is torch's form: w -= lr / (1 - b1^t) * m / (sqrt(v / (1 -
-    b2^t)) + epsilon). The two differ while b2^t is far from 0: at t = 16 the first's epsilon is 7.9x the second's.
+    m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; w -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + epsilon).
     """
 
     def __init__(self, trained: list[tf.Variable], learning_rate: float, beta_1: float = 0.9,
-                 beta_2: float = 0.999, epsilon: float = 1e-7, epsilon_corrected: bool = False) -> None:
+                 beta_2: float = 0.999, epsilon: float = 1e-7) -> None:
         self.trained = trained
         self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="adam_iterations")
         self.learning_rate = tf.Variable(learning_rate, dtype=tf.float32, trainable=False, name="adam_learning_rate")
         self._beta_1 = tf.constant(beta_1, tf.float32)
         self._beta_2 = tf.constant(beta_2, tf.float32)
         self._epsilon = tf.constant(epsilon, tf.float32)
-        self._epsilon_corrected = epsilon_corrected
         self._moments = [
             (tf.Variable(np.zeros(w.shape, np.float32), trainable=False),
              tf.Variable(np.zeros(w.shape, np.float32), trainable=False))
@@ -41,10 +37,9 @@ class FusedAdam:
         step = tf.cast(self.iterations + 1, tf.float32)
         beta_1_power = tf.pow(self._beta_1, step)
         beta_2_power = tf.pow(self._beta_2, step)
-        epsilon = self._epsilon * tf.sqrt(1.0 - beta_2_power) if self._epsilon_corrected else self._epsilon
         for variable, (m, v), grad in zip(self.trained, self._moments, grads, strict=True):
             tf.raw_ops.ResourceApplyAdam(
                 var=variable.handle, m=m.handle, v=v.handle, beta1_power=beta_1_power, beta2_power=beta_2_power,
-                lr=self.learning_rate, beta1=self._beta_1, beta2=self._beta_2, epsilon=epsilon, grad=grad,
+                lr=self.learning_rate, beta1=self._beta_1, beta2=self._beta_2, epsilon=self._epsilon, grad=grad,
             )
         self.iterations.assign_add(1)

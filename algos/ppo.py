@@ -31,9 +31,6 @@ class PPOConfig:
 
     lr: float = _DEFAULTS["lr"]
     """Adam learning rate for the policy, log_std and value function together."""
-    adam_eps_form: str = _DEFAULTS["adam_eps_form"]
-    """"uncorrected": Adam's epsilon is added to sqrt(v) before bias correction (TensorFlow's form); "corrected": to
-    the bias-corrected sqrt(v) (torch's form). See algos.adam.FusedAdam."""
     epochs: int = _DEFAULTS["epochs"]
     """Passes over the batch per update (fewer when target_kl stops them early)."""
     minibatch_size: int = _DEFAULTS["minibatch_size"]
@@ -65,13 +62,10 @@ class PPO:
         self.cfg = cfg
         self.rng = np.random.default_rng(seed)
         self._variables = ac.variables()
-        # Adam in float32 with the epsilon value of the PPO reference implementations (1e-5), in the form cfg names:
-        # baselines' TensorFlow Adam adds it to the uncorrected sqrt(v), torch's Adam (CleanRL's) to the
+        # Adam in float32 with the epsilon value of the PPO reference implementations (1e-5), in TensorFlow's form:
+        # added to the uncorrected sqrt(v), as baselines' TensorFlow Adam does; torch's Adam (CleanRL's) adds it to the
         # bias-corrected one. Its slots exist from here on, so a resumed run can set them before its first update.
-        if cfg.adam_eps_form not in ("uncorrected", "corrected"):
-            raise ValueError(f"PPOConfig.adam_eps_form must be 'uncorrected' or 'corrected', got {cfg.adam_eps_form!r}")
-        self.optimizer = FusedAdam(self._variables, learning_rate=cfg.lr, epsilon=1e-5,
-                                   epsilon_corrected=cfg.adam_eps_form == "corrected")
+        self.optimizer = FusedAdam(self._variables, learning_rate=cfg.lr, epsilon=1e-5)
         # A variable, so that a schedule changes it between updates without tracing the steps again.
         self.clip_ratio = tf.Variable(cfg.clip_ratio, dtype=tf.float32, trainable=False, name="clip_ratio")
         obs_spec, act_spec = batch_specs(ac)
@@ -208,10 +202,9 @@ class PPO:
 
 
 def from_config(ac: ActorCritic, settings: "Mapping[str, Any]") -> PPO:
-    """train.py's PPO (algos.registry): --lr, --adam_eps_form, --epochs, --minibatch_size, --kl_targ (target_kl),
-    --clip_ratio, --ent_coef, --vf_coef, --value_targets and --seed, by name in ``settings``."""
-    return PPO(ac, PPOConfig(lr=settings["lr"], adam_eps_form=settings["adam_eps_form"], epochs=settings["epochs"],
-                             minibatch_size=settings["minibatch_size"],
+    """train.py's PPO (algos.registry): --lr, --epochs, --minibatch_size, --kl_targ (target_kl), --clip_ratio,
+    --ent_coef, --vf_coef, --value_targets and --seed, by name in ``settings``."""
+    return PPO(ac, PPOConfig(lr=settings["lr"], epochs=settings["epochs"], minibatch_size=settings["minibatch_size"],
                              clip_ratio=settings["clip_ratio"], target_kl=settings["kl_targ"],
                              vf_coef=settings["vf_coef"], ent_coef=settings["ent_coef"],
                              value_targets=settings["value_targets"]), seed=settings["seed"])

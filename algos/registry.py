@@ -112,8 +112,8 @@ VALUE_TARGETS = ("normalized", "raw")
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     "ppo": AlgorithmSpec(
         "algos.ppo:from_config",
-        {"lr": 3e-4, "adam_eps_form": "uncorrected", "lr_schedule": "linear", "epochs": 10, "minibatch_size": 64,
-         "kl_targ": 0.02, "clip_ratio": 0.2, "clip_schedule": "constant", "ent_coef": 0.0, "vf_coef": 0.5,
+        {"lr": 3e-4, "lr_schedule": "linear", "epochs": 10, "minibatch_size": 64, "kl_targ": 0.02,
+         "clip_ratio": 0.2, "clip_schedule": "constant", "ent_coef": 0.0, "vf_coef": 0.5,
          "value_targets": "normalized"},
         # Atari's value targets are the returns as they are, as rl-baselines3-zoo's, the PPO paper's, baselines' and
         # CleanRL's Atari runs learn them (rewards clipped to their sign keep them small). Breakout after 2M frames,

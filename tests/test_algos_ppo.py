@@ -167,40 +167,6 @@ def test_update_matches_a_plain_keras_update_on_a_fixed_batch():
     assert stats["v_loss"] == pytest.approx(v_loss, rel=1e-4)
 
 
-@pytest.mark.parametrize("corrected", [False, True])
-def test_fused_adam_adds_epsilon_in_the_form_it_is_given(corrected):
-    # Adam written out in numpy, epsilon added to sqrt(v) before the bias correction (TensorFlow's form) or after it
-    # (torch's). A large epsilon against small gradients makes the two forms differ by far more than the tolerance.
-    import tensorflow as tf
-
-    from algos.adam import FusedAdam
-
-    rng = np.random.default_rng(0)
-    lr, beta_1, beta_2, epsilon = 0.01, 0.9, 0.999, 1e-3
-    initial = [rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(4,)).astype(np.float32)]
-    trained = [tf.Variable(w) for w in initial]
-    adam = FusedAdam(trained, learning_rate=lr, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
-                     epsilon_corrected=corrected)
-    step = tf.function(adam.apply)
-    torch_form = [w.astype(np.float64) for w in initial]
-    tensorflow_form = [w.astype(np.float64) for w in initial]
-    m = [np.zeros_like(w) for w in torch_form]
-    v = [np.zeros_like(w) for w in torch_form]
-    for t in range(1, 31):
-        grads = [1e-3 * rng.normal(size=w.shape).astype(np.float32) for w in initial]
-        step([tf.constant(g) for g in grads])
-        for i, g in enumerate(grads):
-            m[i] = beta_1 * m[i] + (1 - beta_1) * g
-            v[i] = beta_2 * v[i] + (1 - beta_2) * g.astype(np.float64) ** 2
-            torch_form[i] -= lr * m[i] / (1 - beta_1**t) / (np.sqrt(v[i] / (1 - beta_2**t)) + epsilon)
-            tensorflow_form[i] -= lr * np.sqrt(1 - beta_2**t) / (1 - beta_1**t) * m[i] / (np.sqrt(v[i]) + epsilon)
-    for variable, want, other in zip(trained, torch_form if corrected else tensorflow_form,
-                                     tensorflow_form if corrected else torch_form, strict=True):
-        np.testing.assert_allclose(variable.numpy(), want, rtol=1e-4, atol=1e-5)
-        assert np.abs(want - other).max() > 1e-3  # the other form is far outside the tolerance
-    assert int(adam.iterations.numpy()) == 30
-
-
 @pytest.mark.parametrize("algo", ["ppo", "trpo"])
 def test_an_epoch_split_over_several_calls_updates_the_weights_exactly_as_one_call(monkeypatch, algo):
     # At most STEPS_PER_CALL minibatch steps run in one call of the traced loop (rank 0 beats its heart between

@@ -77,11 +77,6 @@ class TrainConfig:
                        "and heads stay float32; its numbers depend on the CPU's instructions", choices=PRECISIONS)
     lr: float | None = setting(ALGORITHM_DEFAULT, "PPO: Adam learning rate; TRPO: the value function's Adam learning "
                                                   "rate")
-    adam_eps_form: str | None = setting(
-        ALGORITHM_DEFAULT, "PPO: where Adam adds its epsilon (1e-5): 'uncorrected', to sqrt(v) before bias correction "
-                           "(TensorFlow's form, baselines'); 'corrected', to the bias-corrected sqrt(v) (torch's form, "
-                           "CleanRL's and SB3's); they differ in the first few hundred gradient steps",
-        choices=("uncorrected", "corrected"))
     lr_schedule: str | None = setting(
         ALGORITHM_DEFAULT, "PPO: 'linear' decays the learning rate to 0 over --total_steps (a --resume with a new "
                            "--total_steps follows the new budget), 'constant' keeps it", choices=("linear", "constant"))
