@@ -416,8 +416,8 @@ FIGURES = [
      "update_match/results.md", ["| network.0.0.weight | (8, 8, 4, 32) | 0.08622 | 0.08621 | 7.29e-05 | 1.000000 |",
                                  "| actor.weight | (512, 4) | 0.06274 | 0.06286 | 1.89e-03 | 1.000000 |",
                                  "| network.1.weight | (3136, 512) | 0.3835 | 0.3835 | 7.10e-05 | 1.000000 |"]),
-    ("training.md", "the policy head's is half the peer's, since the value part's norm (12.0 before the clip)\n  "
-     "outweighs the policy part's (1.5)", "update_match/results.md",
+    ("training.md", "the value part's norm (12.0 before the clip) outweighs the policy part's (1.5)",
+     "update_match/results.md",
      ["| actor.weight | (512, 4) | 0.06274 | 0.03162 | 4.96e-01 | 1.000000 |",
       "norm 12.08 (policy and entropy part 1.521, value part 11.99)"]),
     ("training.md", "(seed 4 in 1,883 s, the peer's on the same machine in 1,962 s;",
