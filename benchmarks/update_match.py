@@ -38,10 +38,8 @@ CLIP, ENT_COEF, MAX_GRAD_NORM, LR = 0.1, 0.01, 0.5, 2.5e-4
 def torch_stage(seed: int, rows: int, vf_coef: float, out: Path) -> None:
     """The peer's side: its network and batch to ``out`` (npz), with its clipped gradient and the parts' norms."""
     import torch
+    from peer_cleanrl_atari import Agent  # beside this script, which Python puts first on sys.path
     from torch import nn
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from peer_cleanrl_atari import Agent
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
