@@ -139,12 +139,27 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# Two ports below the kernel's ephemeral range, free now on every address. A free ephemeral port (bind to port 0) can
+# be handed to another process's next connection before the daemon binds it: in CI, under the parallel suite, slurmd
+# failed with "Unable to bind listen port: Address already in use".
 read -r CTLD_PORT SLURMD_PORT < <("$PYTHON" - <<'EOF'
+import random
 import socket
-sockets = [socket.socket() for _ in range(2)]
-for s in sockets:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in sockets))
+
+ephemeral_low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+pool = list(range(10000, ephemeral_low)) if ephemeral_low > 11000 else list(range(1024, 65536))
+random.shuffle(pool)
+chosen = []
+for port in pool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            continue
+    chosen.append(port)
+    if len(chosen) == 2:
+        break
+print(*chosen)
 EOF
 )
 HOST=$(hostname -s)
