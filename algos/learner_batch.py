@@ -25,6 +25,9 @@ class LearnerBatch:
     v_target: tf.Tensor
     """(N,) float32 value targets: the returns normalized with ret_rms after it merged this batch, or the returns as
     they are."""
+    old_value: tf.Tensor
+    """(N,) float32 the values the workers used (ret - adv), in the value network's units (normalized with ret_rms as
+    it was before this batch merged): where PPO's clipped value loss is centred."""
     explained_var: float
     """1 - Var(ret - V) / Var(ret) of the values the workers used (NaN when the returns are constant)."""
 
@@ -45,6 +48,7 @@ def prepare_batch(
     ret_var = ret.var()
     explained_var = float(1.0 - np.var(adv) / ret_var) if ret_var > 0 else float("nan")
     adv_n = (adv - adv.mean()) / (adv.std() + 1e-8)
+    old_value = ac.ret_rms.normalize((ret - adv)[:, None])[:, 0]
     if normalize_returns:
         ac.ret_rms.update(ret[:, None])
         v_target = ac.ret_rms.normalize(ret[:, None])[:, 0]
@@ -55,6 +59,7 @@ def prepare_batch(
         act=tf.constant(act, dtype=tf.int64 if ac.is_discrete else tf.float32),
         adv=tf.constant(adv_n, dtype=tf.float32),
         v_target=tf.constant(v_target),
+        old_value=tf.constant(old_value),
         explained_var=explained_var,
     )
 

@@ -16,7 +16,7 @@ from algos.learner_batch import (
     weight_for_policy_lag,
 )
 from algos.policy import ActorCritic
-from algos.registry import ALGORITHMS, VALUE_TARGETS
+from algos.registry import ADVANTAGE_NORMALIZATIONS, ALGORITHMS, VALUE_LOSSES, VALUE_TARGETS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -41,7 +41,13 @@ class PPOConfig:
     target_kl: float | None = _DEFAULTS["kl_targ"]
     """Early-stop epochs when an epoch's mean approx KL exceeds 1.5 * target_kl; None or 0 never stops early."""
     vf_coef: float = _DEFAULTS["vf_coef"]
-    """Weight of the value loss (mean squared error on the value targets) in the total loss."""
+    """Weight of the value loss (value_loss) in the total loss."""
+    value_loss: str = _DEFAULTS["value_loss"]
+    """"mse": the mean squared error of the values; "clipped": the mean of the larger of that squared error and the
+    squared error of the workers' value moved at most clip_ratio toward the new one (baselines' ppo2, CleanRL)."""
+    adv_norm: str = _DEFAULTS["adv_norm"]
+    """"batch": advantages normalized to zero mean and unit standard deviation over the whole batch; "minibatch": each
+    minibatch's again over its own rows, with the N - 1 standard deviation (baselines' ppo2, SB3, CleanRL)."""
     value_targets: str = _DEFAULTS["value_targets"]
     """"normalized": the value function learns the returns scaled by ac.ret_rms; "raw": the returns as they are."""
     ent_coef: float = _DEFAULTS["ent_coef"]
@@ -55,9 +61,10 @@ class PPO:
     np.random.Generator(seed) so an update is reproducible and resumable."""
 
     def __init__(self, ac: ActorCritic, cfg: PPOConfig, seed: int) -> None:
-        if cfg.value_targets not in VALUE_TARGETS:
-            raise ValueError(f"PPOConfig.value_targets must be one of {', '.join(VALUE_TARGETS)}, got "
-                             f"{cfg.value_targets!r}")
+        for name, allowed in (("value_targets", VALUE_TARGETS), ("value_loss", VALUE_LOSSES),
+                              ("adv_norm", ADVANTAGE_NORMALIZATIONS)):
+            if getattr(cfg, name) not in allowed:
+                raise ValueError(f"PPOConfig.{name} must be one of {', '.join(allowed)}, got {getattr(cfg, name)!r}")
         self.ac = ac
         self.cfg = cfg
         self.rng = np.random.default_rng(seed)
@@ -105,8 +112,8 @@ class PPO:
         epochs = 0
         for _ in range(self.cfg.epochs):
             means = epoch_means(
-                lambda rows, sums: self._train_steps(batch.obs, batch.act, batch.adv, batch.v_target, old_logp, rows,
-                                                     sums),
+                lambda rows, sums: self._train_steps(batch.obs, batch.act, batch.adv, batch.v_target, batch.old_value,
+                                                     old_logp, rows, sums),
                 self.rng.permutation(n), self.cfg.minibatch_size, tf.zeros(5))
             pi_loss, v_loss, entropy, approx_kl, clip_frac = means.numpy()
             sums += [pi_loss, v_loss, entropy, clip_frac]
@@ -157,14 +164,15 @@ class PPO:
         act: tf.Tensor,
         adv: tf.Tensor,
         v_target: tf.Tensor,
+        old_value: tf.Tensor,
         old_logp: tf.Tensor,
         rows: tf.Tensor,
         sums: tf.Tensor,
     ) -> tf.Tensor:
         """An Adam step on each run of minibatch_size rows of ``rows`` (M,), a slice of an epoch's permutation;
         returns ``sums`` (5,) plus each step's [pi_loss, v_loss, entropy, approx_kl, clip_frac], added in order."""
-        return minibatch_loop(lambda idx: self._minibatch_step(obs, act, adv, v_target, old_logp, idx), rows,
-                              self.cfg.minibatch_size, sums)
+        return minibatch_loop(lambda idx: self._minibatch_step(obs, act, adv, v_target, old_value, old_logp, idx),
+                              rows, self.cfg.minibatch_size, sums)
 
     def _minibatch_step(
         self,
@@ -172,20 +180,32 @@ class PPO:
         act: tf.Tensor,
         adv: tf.Tensor,
         v_target: tf.Tensor,
+        old_value: tf.Tensor,
         old_logp: tf.Tensor,
         idx: tf.Tensor,
     ) -> tf.Tensor:
         """One Adam step on the rows idx (M,) of the full-batch tensors; returns the statistics
         [pi_loss, v_loss, entropy, approx_kl, clip_frac] (5,) measured before the step."""
-        obs, act, adv, v_target, old_logp = (tf.gather(x, idx) for x in (obs, act, adv, v_target, old_logp))
+        obs, act, adv, v_target, old_value, old_logp = (
+            tf.gather(x, idx) for x in (obs, act, adv, v_target, old_value, old_logp))
         clip = self.clip_ratio
+        if self.cfg.adv_norm == "minibatch":
+            # The batch's normalized advantages again over these rows: the same as normalizing the raw ones here (up
+            # to the 1e-8), with torch's unbiased standard deviation, as the PPO implementations that do it.
+            centered = adv - tf.reduce_mean(adv)
+            rows = tf.cast(tf.size(adv), tf.float32)
+            adv = centered / (tf.sqrt(tf.reduce_sum(tf.square(centered)) / tf.maximum(rows - 1.0, 1.0)) + 1e-8)
         with tf.GradientTape() as tape:
             policy_out, value = self.ac.forward(obs)  # one pass of a shared torso for both heads
             log_ratio = self.ac.log_prob_of(policy_out, act) - old_logp
             ratio = tf.exp(log_ratio)
             surrogate = tf.minimum(ratio * adv, tf.clip_by_value(ratio, 1.0 - clip, 1.0 + clip) * adv)
             pi_loss = -tf.reduce_mean(surrogate)
-            v_loss = tf.reduce_mean(tf.square(value - v_target))
+            v_error = tf.square(value - v_target)
+            if self.cfg.value_loss == "clipped":
+                v_clipped = old_value + tf.clip_by_value(value - old_value, -clip, clip)
+                v_error = tf.maximum(v_error, tf.square(v_clipped - v_target))
+            v_loss = tf.reduce_mean(v_error)
             entropy = tf.reduce_mean(self.ac.entropy_of(policy_out))
             loss = pi_loss + self.cfg.vf_coef * v_loss - self.cfg.ent_coef * entropy
         grads = tape.gradient(loss, self._variables)
@@ -203,8 +223,9 @@ class PPO:
 
 def from_config(ac: ActorCritic, settings: "Mapping[str, Any]") -> PPO:
     """train.py's PPO (algos.registry): --lr, --epochs, --minibatch_size, --kl_targ (target_kl), --clip_ratio,
-    --ent_coef, --vf_coef, --value_targets and --seed, by name in ``settings``."""
+    --ent_coef, --vf_coef, --value_loss, --adv_norm, --value_targets and --seed, by name in ``settings``."""
     return PPO(ac, PPOConfig(lr=settings["lr"], epochs=settings["epochs"], minibatch_size=settings["minibatch_size"],
                              clip_ratio=settings["clip_ratio"], target_kl=settings["kl_targ"],
-                             vf_coef=settings["vf_coef"], ent_coef=settings["ent_coef"],
+                             vf_coef=settings["vf_coef"], value_loss=settings["value_loss"],
+                             adv_norm=settings["adv_norm"], ent_coef=settings["ent_coef"],
                              value_targets=settings["value_targets"]), seed=settings["seed"])

@@ -108,24 +108,33 @@ _ATARI_BATCH = {"batch_size": 1024, ENVS_IN_ALL: 8}
 
 VALUE_TARGETS = ("normalized", "raw")
 """What PPO's value function may learn (its value_targets): the returns scaled by running statistics, or as they are."""
+VALUE_LOSSES = ("mse", "clipped")
+"""PPO's value loss (its value_loss): the mean squared error, or the larger of it and the clipped value's."""
+ADVANTAGE_NORMALIZATIONS = ("batch", "minibatch")
+"""Over which rows PPO normalizes the advantages (its adv_norm)."""
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     "ppo": AlgorithmSpec(
         "algos.ppo:from_config",
         {"lr": 3e-4, "lr_schedule": "linear", "epochs": 10, "minibatch_size": 64, "kl_targ": 0.02,
-         "clip_ratio": 0.2, "clip_schedule": "constant", "ent_coef": 0.0, "vf_coef": 0.5,
-         "value_targets": "normalized"},
+         "clip_ratio": 0.2, "clip_schedule": "constant", "ent_coef": 0.0, "vf_coef": 0.5, "value_loss": "mse",
+         "adv_norm": "batch", "value_targets": "normalized"},
         # Atari's value targets are the returns as they are, as rl-baselines3-zoo's, the PPO paper's, baselines' and
         # CleanRL's Atari runs learn them (rewards clipped to their sign keep them small). Breakout after 2M frames,
         # seeds 0-4: raw mean 9.2 (6.8-10.3) against normalized 8.4 (6.1-11.8), within the seeds' spread
         # (benchmarks/README.md, section Pixels).
-        # Atari's value loss keeps rl-baselines3-zoo's 0.5 x the mean squared error. baselines' ppo2 and CleanRL's
-        # ppo_atari.py weigh 0.25 of it (0.5 x half the squared error, clipped); Breakout after 2M frames, seeds 0-3,
-        # scored 12.3, 9.2, 11.6 and 2.3 at 0.25 (mean 8.9) against 0.5's 9.2 (benchmarks/README.md, section Pixels).
+        # Atari's loss is baselines' ppo2's and CleanRL's ppo_atari.py's: the value loss clipped around the workers'
+        # values and weighed 0.25 (their 0.5 x half the squared error), the advantages normalized per minibatch; the
+        # update then applies CleanRL's gradient to 1.5e-5 (benchmarks/update_match.py). Breakout after 2M frames,
+        # seeds 3 and 6, scored 9.0 and 10.0 with it (in a copy that also took torch's form of Adam's epsilon) against
+        # 6.8 and 5.6 with the loss before (0.5 x the mean squared error, advantages over the batch) and CleanRL's
+        # 9.4 and 9.7; the weight alone, seeds 0-3, had scored 12.3, 9.2, 11.6 and 2.3 against 10.3, 9.9, 9.8 and 6.8
+        # (benchmarks/README.md, section Pixels).
         # MinAtar keeps the generic settings: its Breakout scored 11.6 with them against 4.9 at the Atari settings
         # (--nprocs 2, 500k steps, seeds 0-2; benchmarks/README.md, section Pixels).
         families={"atari": {**_ATARI_BATCH, "lr": 2.5e-4, "epochs": 4, "minibatch_size": 256, "kl_targ": 0.0,
-                            "clip_ratio": 0.1, "clip_schedule": "linear", "ent_coef": 0.01, "value_targets": "raw"}},
+                            "clip_ratio": 0.1, "clip_schedule": "linear", "ent_coef": 0.01, "vf_coef": 0.25,
+                            "value_loss": "clipped", "adv_norm": "minibatch", "value_targets": "raw"}},
         # On Atari one torso, as the PPO paper's Atari networks, baselines, SB3 and CleanRL have it with the Atari
         # settings: half the update's arithmetic and half the workers' forward passes of two CNNs. Not on other image
         # envs at the generic settings: MinAtar Breakout at --nprocs 2 ended at 7.1 with one torso against 13.1 with

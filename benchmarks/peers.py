@@ -48,7 +48,8 @@ SYSTEMS = ("ours", "sb3", "cleanrl", "rllib")
 NOTES = [
     "train.py: lr annealed linearly to 0; an update's epochs stop when an epoch's approx KL exceeds 1.5 x 0.02 "
     "(on an ALE game the Atari settings of algos.registry instead: no KL stop, clip 0.1 decayed to 0, entropy "
-    "0.01, value loss 0.5 x the squared error, value targets the returns as they are); vector observations "
+    "0.01, value loss clipped and weighed 0.25, advantages normalized per minibatch, value targets the returns as "
+    "they are); vector observations "
     "normalized with running statistics (clip 10), value targets with running return statistics; rank 0's TF "
     "threads and kernels as trainer.kernels chooses them per network (an MLP: one thread, TensorFlow's own "
     "kernels; a CNN: oneDNN, a thread per CPU for Atari's).",

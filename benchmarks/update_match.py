@@ -1,20 +1,17 @@
 """One Atari PPO gradient of train.py against the CleanRL-style peer's, from the same weights and the same batch.
 
 The torch process builds the peer's network (peer_cleanrl_atari.Agent) from --seed, draws a batch of N rows (uint8
-84x84x4 frames, actions, advantages and returns; old log-probabilities and values from the network, as a rollout
-records them) and computes the gradient of one minibatch of all N rows with the peer's loss (its lines, copied:
-per-minibatch advantage normalization, clipped surrogate, clipped value loss at 0.5 x the squared error, entropy
-bonus, global-norm clip). A TensorFlow process (a separate one: TensorFlow and torch in one process can abort) loads
-those weights into train.py's ActorCritic and runs algos.ppo's own update with a learning rate of 0, one epoch, one
-minibatch of N rows: its Adam's first moment is then (1 - beta_1) x the clipped gradient it applied. The table
-compares the two per variable, and the unclipped gradient's policy and value parts.
+84x84x4 frames, actions, advantages N(0, 1); old log-probabilities and values from the network, and returns =
+advantages + values, as a rollout records them) and computes the gradient of one minibatch of all N rows with the
+peer's loss at its value weight 0.5 (its lines, copied: per-minibatch advantage normalization, clipped surrogate,
+clipped value loss at 0.5 x the squared error, entropy bonus, global-norm clip). A TensorFlow process (a separate
+one: TensorFlow and torch in one process can abort) loads those weights into train.py's ActorCritic and runs
+algos.ppo's own update with a learning rate of 0, one epoch, one minibatch of N rows: its Adam's first moment is then
+(1 - beta_1) x the clipped gradient it applied. The tables compare the two per variable, for train.py's Atari
+defaults and for the value loss and advantages it used before them (--vf_coef 0.5 --value_loss mse --adv_norm
+batch), and give the unclipped gradient's policy and value parts.
 
     python benchmarks/update_match.py --out benchmarks/results/update_match
-
-Known differences, named in the output: train.py weighs the value loss --vf_coef x the mean squared error (the peer
-0.5 x --vf_coef x it), normalizes advantages over the batch (the peer per minibatch: the same here, one minibatch of
-all rows, but numpy's standard deviation divides by N and torch's by N - 1), and does not clip the value loss (at
-the first step of an update the peer's clipped and unclipped value losses are equal).
 """
 
 from __future__ import annotations
@@ -32,10 +29,13 @@ from harness import load_average, machine_lines
 REPO = Path(__file__).resolve().parent.parent
 OBS_SHAPE = (84, 84, 4)
 N_ACTIONS = 4  # Breakout's minimal action set
-CLIP, ENT_COEF, MAX_GRAD_NORM, LR = 0.1, 0.01, 0.5, 2.5e-4
+CLIP, ENT_COEF, MAX_GRAD_NORM, PEER_VF_COEF = 0.1, 0.01, 0.5, 0.5
+# train.py's settings compared: its Atari defaults (algos/registry.py), and the value loss and advantages before them.
+SETTINGS = {"the Atari defaults": [], "--vf_coef 0.5 --value_loss mse --adv_norm batch": [
+    "--vf_coef", "0.5", "--value_loss", "mse", "--adv_norm", "batch"]}
 
 
-def torch_stage(seed: int, rows: int, vf_coef: float, out: Path) -> None:
+def torch_stage(seed: int, rows: int, out: Path) -> None:
     """The peer's side: its network and batch to ``out`` (npz), with its clipped gradient and the parts' norms."""
     import torch
     from peer_cleanrl_atari import Agent  # beside this script, which Python puts first on sys.path
@@ -47,12 +47,12 @@ def torch_stage(seed: int, rows: int, vf_coef: float, out: Path) -> None:
     obs = rng.integers(0, 256, (rows, *OBS_SHAPE), dtype=np.uint8)
     act = rng.integers(0, N_ACTIONS, rows)
     adv = rng.normal(size=rows).astype(np.float32)
-    ret = rng.normal(size=rows).astype(np.float32)
-    b_obs, b_act = torch.as_tensor(obs), torch.as_tensor(act)
-    b_adv, b_ret = torch.as_tensor(adv), torch.as_tensor(ret)
+    b_obs, b_act, b_adv = torch.as_tensor(obs), torch.as_tensor(act), torch.as_tensor(adv)
     with torch.no_grad():
         _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_act)
         b_values = b_values.view(-1)
+    b_ret = b_adv + b_values
+    ret = b_ret.numpy()
 
     def loss_parts() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # peer_cleanrl_atari.main's minibatch loss, all rows one minibatch.
@@ -64,7 +64,7 @@ def torch_stage(seed: int, rows: int, vf_coef: float, out: Path) -> None:
         v_unclipped = (newvalue - b_ret) ** 2
         v_clipped = b_values + torch.clamp(newvalue - b_values, -CLIP, CLIP)
         v_loss = 0.5 * torch.max(v_unclipped, (v_clipped - b_ret) ** 2).mean()
-        return pg_loss - ENT_COEF * entropy.mean(), v_loss * vf_coef, entropy.mean()
+        return pg_loss - ENT_COEF * entropy.mean(), v_loss * PEER_VF_COEF, entropy.mean()
 
     params = list(agent.parameters())
     policy_part, value_part, _ = loss_parts()
@@ -103,8 +103,9 @@ PEER_ORDER = ["network.0.0.weight", "network.0.0.bias", "network.0.2.weight", "n
               "critic.bias"]
 
 
-def tf_stage(npz: Path, vf_coef: float, out: Path) -> None:
-    """train.py's side: its update at lr 0 from the peer's weights; its applied (clipped) gradient per variable."""
+def tf_stage(npz: Path, settings: dict[str, object], out: Path) -> None:
+    """train.py's side: its update at lr 0 from the peer's weights with PPO's ``settings`` (vf_coef, value_loss,
+    adv_norm: PPOConfig's fields); its applied (clipped) gradient per variable."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import gymnasium
 
@@ -124,8 +125,8 @@ def tf_stage(npz: Path, vf_coef: float, out: Path) -> None:
             raise SystemExit(f"{name}: peer {value.shape} against train.py's {tuple(variable.shape)}")
         variable.assign(value)
     rows = len(data["act"])
-    cfg = PPOConfig(lr=0.0, epochs=1, minibatch_size=rows, clip_ratio=CLIP, target_kl=0.0,
-                    vf_coef=vf_coef, ent_coef=ENT_COEF, value_targets="raw", max_grad_norm=MAX_GRAD_NORM)
+    cfg = PPOConfig(lr=0.0, epochs=1, minibatch_size=rows, clip_ratio=CLIP, target_kl=0.0, ent_coef=ENT_COEF,
+                    value_targets="raw", max_grad_norm=MAX_GRAD_NORM, **settings)
     ppo = PPO(ac, cfg, seed=0)
     ppo.update(data["obs"], data["act"].astype(np.int64), data["adv"].astype(np.float64), data["ret"])
     first_moments = ppo.optimizer.variables[2::2]
@@ -140,31 +141,40 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="directory for results.md")
     parser.add_argument("--stage", choices=("torch", "tf"), help=argparse.SUPPRESS)
     parser.add_argument("--npz", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--vf_coef", type=float, default=0.5, help=argparse.SUPPRESS)
+    parser.add_argument("--vf_coef", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--value_loss", help=argparse.SUPPRESS)
+    parser.add_argument("--adv_norm", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stage == "torch":
-        torch_stage(args.seed, args.rows, args.vf_coef, args.npz)
+        torch_stage(args.seed, args.rows, args.npz)
         return 0
     if args.stage == "tf":
-        tf_stage(args.npz, args.vf_coef, args.npz.with_suffix(".tf.npz"))
+        from algos.registry import ALGORITHMS
+
+        atari = ALGORITHMS["ppo"].defaults_for("atari")
+        settings = {name: atari[name] if getattr(args, name) is None else getattr(args, name)
+                    for name in ("vf_coef", "value_loss", "adv_norm")}
+        tf_stage(args.npz, settings, args.npz.with_suffix(".tf.npz"))
         return 0
 
     args.out.mkdir(parents=True, exist_ok=True)
     started, load = time.perf_counter(), load_average()
     lines = [f"# {__doc__.splitlines()[0]}", "",
-             f"A random batch of {args.rows} rows (uniform uint8 frames, returns and advantages N(0, 1)), torch seed "
-             f"{args.seed}; clip {CLIP}, entropy {ENT_COEF}, global-norm clip {MAX_GRAD_NORM}, value targets the "
-             "returns as they are (Atari's settings). The gradients compared are the clipped ones each applies.", ""]
+             f"A random batch of {args.rows} rows (uniform uint8 frames, advantages N(0, 1), returns = advantages + "
+             f"the network's values), torch seed {args.seed}; clip {CLIP}, entropy {ENT_COEF}, global-norm clip "
+             f"{MAX_GRAD_NORM}, value targets the returns as they are (Atari's settings); the peer's value weight "
+             f"{PEER_VF_COEF}. The gradients compared are the clipped ones each applies.", ""]
     tables: list[str] = []
-    # train.py's --vf_coef 0.25 weighs the value loss as the peer's 0.5 does (0.5 x 0.5 x the squared error).
-    for peer_vf, ours_vf in ((0.5, 0.25), (0.5, 0.5)):
-        npz = args.out / f"peer_vf{peer_vf}.npz"
-        for stage, vf in (("torch", peer_vf), ("tf", ours_vf)):
-            subprocess.run([sys.executable, __file__, "--stage", stage, "--npz", str(npz), "--seed", str(args.seed),
-                            "--rows", str(args.rows), "--vf_coef", str(vf), "--out", str(args.out)], check=True,
-                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-        peer, ours = np.load(npz), np.load(npz.with_suffix(".tf.npz"))
-        tables += [f"## peer --vf_coef {peer_vf}, train.py --vf_coef {ours_vf}", "",
+    npz = args.out / "peer.npz"
+    run_stage = ["--npz", str(npz), "--seed", str(args.seed), "--rows", str(args.rows), "--out", str(args.out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, __file__, "--stage", "torch", *run_stage], check=True, cwd=REPO, env=env)
+    peer = np.load(npz)
+    for title, ours_args in SETTINGS.items():
+        subprocess.run([sys.executable, __file__, "--stage", "tf", *run_stage, *ours_args], check=True, cwd=REPO,
+                       env=env)
+        ours = np.load(npz.with_suffix(".tf.npz"))
+        tables += [f"## train.py at {title}", "",
                   f"peer's gradient before the clip: norm {float(peer['total_norm']):.4g} (policy and entropy part "
                   f"{float(peer['policy_norm']):.4g}, value part {float(peer['value_norm']):.4g}); clipped to "
                   f"{MAX_GRAD_NORM}", "",
@@ -176,8 +186,8 @@ def main() -> int:
             tables.append(f"| {name} | {g.shape} | {np.linalg.norm(g):.4g} | {np.linalg.norm(o):.4g} | "
                          f"{np.abs(g - o).max() / (np.abs(g).max() + 1e-30):.2e} | {cosine:.6f} |")
         tables.append("")
-        npz.unlink()
         npz.with_suffix(".tf.npz").unlink()
+    npz.unlink()
     lines += [*machine_lines(time.perf_counter() - started, f"{load:.2f}"), "", *tables]
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -72,6 +72,8 @@ def test_raw_value_targets_are_the_returns_and_leave_the_return_statistics_at_th
         np.testing.assert_array_equal(now, then)
     with pytest.raises(ValueError, match="value_targets must be one of normalized, raw, got 'Raw'"):
         make_learner(0, PPOConfig(value_targets="Raw"))
+    with pytest.raises(ValueError, match="value_loss must be one of mse, clipped, got 'clip'"):
+        make_learner(0, PPOConfig(value_loss="clip"))
 
 
 def test_target_kl_stops_epochs_early():
@@ -100,7 +102,9 @@ def test_learns_cartpole():
 
 def keras_reference_update(ac: ActorCritic, cfg: PPOConfig, seed: int, batch: dict[str, np.ndarray]) -> list[float]:
     """PPO's update written plainly: the Keras models called eagerly, keras.optimizers.Adam, one minibatch at a
-    time, the permutations drawn as PPO draws them. Returns [pi_loss, v_loss] averaged over the steps."""
+    time, the permutations drawn as PPO draws them, the value loss and advantages as cfg says (the clipped loss and
+    per-minibatch advantages as CleanRL's ppo_atari.py writes them). Returns [pi_loss, v_loss] averaged over the
+    steps."""
     import keras
     import tensorflow as tf
 
@@ -108,6 +112,7 @@ def keras_reference_update(ac: ActorCritic, cfg: PPOConfig, seed: int, batch: di
 
     prepared = prepare_batch(ac, batch["obs"], batch["act"], batch["adv"], batch["ret"])
     obs, act, adv, v_target = prepared.obs, prepared.act, prepared.adv, prepared.v_target
+    old_value = tf.constant(batch["ret"] - batch["adv"], tf.float32)  # the normalizers are at their start
 
     def log_prob(o: tf.Tensor, a: tf.Tensor) -> tf.Tensor:
         z = (a - ac.pi_net(o)) * tf.exp(-ac.log_std)
@@ -124,12 +129,19 @@ def keras_reference_update(ac: ActorCritic, cfg: PPOConfig, seed: int, batch: di
         perm = rng.permutation(n)
         for start in range(0, n, cfg.minibatch_size):
             idx = perm[start : start + cfg.minibatch_size]
-            o, a, ad, vt, olp = (tf.gather(x, idx) for x in (obs, act, adv, v_target, old_logp))
+            o, a, ad, vt, ov, olp = (tf.gather(x, idx) for x in (obs, act, adv, v_target, old_value, old_logp))
+            if cfg.adv_norm == "minibatch":
+                ad = (ad - np.mean(ad)) / (np.std(ad, ddof=1) + 1e-8)
             with tf.GradientTape() as tape:
                 ratio = tf.exp(log_prob(o, a) - olp)
                 clipped = tf.clip_by_value(ratio, 1 - cfg.clip_ratio, 1 + cfg.clip_ratio)
                 pi_loss = -tf.reduce_mean(tf.minimum(ratio * ad, clipped * ad))
-                v_loss = tf.reduce_mean(tf.square(ac.v_net(o)[:, 0] - vt))
+                value = ac.v_net(o)[:, 0]
+                v_loss = tf.square(value - vt)
+                if cfg.value_loss == "clipped":
+                    v_clipped = ov + tf.clip_by_value(value - ov, -cfg.clip_ratio, cfg.clip_ratio)
+                    v_loss = tf.maximum(v_loss, tf.square(v_clipped - vt))
+                v_loss = tf.reduce_mean(v_loss)
                 loss = pi_loss + cfg.vf_coef * v_loss
             grads, _ = tf.clip_by_global_norm(tape.gradient(loss, variables), cfg.max_grad_norm)
             optimizer.apply_gradients(zip(grads, variables, strict=True))
@@ -137,15 +149,17 @@ def keras_reference_update(ac: ActorCritic, cfg: PPOConfig, seed: int, batch: di
     return list(np.mean(losses, axis=0))
 
 
-def test_update_matches_a_plain_keras_update_on_a_fixed_batch():
+@pytest.mark.parametrize(("value_loss", "adv_norm"), [("mse", "batch"), ("clipped", "minibatch")])
+def test_update_matches_a_plain_keras_update_on_a_fixed_batch(value_loss, adv_norm):
     # The update's graph is built for speed (layers as raw ops, one fused Adam kernel per variable, a graph loop
     # over the minibatches); its results must be those of the plain formulation within float32 round-off. 250 rows:
-    # the last minibatch of each epoch holds the remainder, 58 rows.
+    # the last minibatch of each epoch holds the remainder, 58 rows. The returns and advantages are drawn apart, so
+    # the workers' values (ret - adv) lie far from the network's and the clipped value loss takes both branches.
     import keras
 
     from algos import PPO, ActorCritic, PPOConfig
 
-    cfg = PPOConfig(epochs=4, target_kl=None)
+    cfg = PPOConfig(epochs=4, target_kl=None, value_loss=value_loss, adv_norm=adv_norm)
     action_space = gymnasium.spaces.Box(-1.0, 1.0, (6,), np.float32)
     rng = np.random.default_rng(3)
     batch = {"obs": rng.normal(size=(250, 17)).astype(np.float32), "act": rng.normal(size=(250, 6)).astype(np.float32),

@@ -109,8 +109,8 @@ def test_help_shows_each_default_from_its_one_source():
 
 
 ATARI_PPO = {"batch_size": 1024, "epochs": 4, "minibatch_size": 256, "lr": 2.5e-4, "lr_schedule": "linear",
-             "clip_ratio": 0.1, "clip_schedule": "linear", "ent_coef": 0.01, "vf_coef": 0.5, "kl_targ": 0.0,
-             "value_targets": "raw"}
+             "clip_ratio": 0.1, "clip_schedule": "linear", "ent_coef": 0.01, "vf_coef": 0.25, "kl_targ": 0.0,
+             "value_loss": "clipped", "adv_norm": "minibatch", "value_targets": "raw"}
 
 
 @pytest.mark.parametrize(("nprocs", "envs_per_rank"), [(1, 8), (2, 4), (3, 2), (8, 1), (16, 1)])
@@ -125,9 +125,11 @@ def test_an_atari_id_gets_the_atari_work_spread_over_any_process_count(nprocs, e
 def test_a_given_option_wins_over_the_family_and_other_families_keep_the_generic_defaults():
     config, _, _ = build_config(parse_args(["ALE/Pong-v5", "--nprocs", "2", "--batch_size", "2048", "--ent_coef", "0",
                                             "--envs_per_rank", "3", "--kl_targ", "0.05", "--clip_schedule",
-                                            "constant", "--value_targets", "normalized"]))
+                                            "constant", "--value_targets", "normalized", "--value_loss", "mse",
+                                            "--adv_norm", "batch"]))
     assert (config.batch_size, config.ent_coef, config.envs_per_rank, config.kl_targ, config.clip_schedule,
-            config.value_targets, config.epochs) == (2048, 0.0, 3, 0.05, "constant", "normalized", 4)
+            config.value_targets, config.value_loss, config.adv_norm, config.epochs) == (
+                2048, 0.0, 3, 0.05, "constant", "normalized", "mse", "batch", 4)
     trpo, _, _ = build_config(parse_args(["ALE/Pong-v5", "--nprocs", "2", "--algo", "trpo"]))
     assert (trpo.batch_size, trpo.envs_per_rank) == (1024, 4)  # the Atari batch, TRPO's own settings
     assert {name: getattr(trpo, name) for name in ALGORITHMS["trpo"].defaults} == ALGORITHMS["trpo"].defaults
@@ -139,11 +141,12 @@ def test_a_given_option_wins_over_the_family_and_other_families_keep_the_generic
         assert {name: getattr(config, name) for name in ALGORITHMS["ppo"].defaults} == ALGORITHMS["ppo"].defaults
 
 
-def test_a_ppo_run_begun_before_value_targets_existed_resumes_with_the_normalized_targets_it_learned(tmp_path):
+def test_a_ppo_run_begun_before_an_option_existed_resumes_with_the_loss_it_learned_with(tmp_path):
     from trainer.config import load_saved_config
 
     (tmp_path / "config.json").write_text('{"env_id": "ALE/Pong-v5", "algo": "ppo", "hidden": [64, 64]}')
-    assert load_saved_config(tmp_path)["value_targets"] == "normalized"  # not Atari's "raw" of today
+    saved = load_saved_config(tmp_path)  # not Atari's raw targets, clipped value loss and per-minibatch advantages
+    assert (saved["value_targets"], saved["value_loss"], saved["adv_norm"]) == ("normalized", "mse", "batch")
 
 
 def test_kl_targ_0_never_stops_ppo_early_and_is_refused_for_trpo():

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import mpi_util
-from algos.registry import ALGORITHMS, ENVS_IN_ALL, VALUE_TARGETS
+from algos.registry import ADVANTAGE_NORMALIZATIONS, ALGORITHMS, ENVS_IN_ALL, VALUE_LOSSES, VALUE_TARGETS
 from algos.spaces import PRECISIONS
 from trainer.run_dir import run_dir_name
 from trainer.versions import cpu_model_and_flags
@@ -88,8 +88,15 @@ class TrainConfig:
         ALGORITHM_DEFAULT, "PPO: 'linear' decays --clip_ratio to 0 over --total_steps as --lr_schedule does the "
                            "learning rate, 'constant' keeps it", choices=("linear", "constant"))
     ent_coef: float | None = setting(ALGORITHM_DEFAULT, "PPO: weight of the entropy bonus in the loss")
-    vf_coef: float | None = setting(ALGORITHM_DEFAULT,
-                                    "PPO: weight of the value loss, the mean squared error of the values, in the loss")
+    vf_coef: float | None = setting(ALGORITHM_DEFAULT, "PPO: weight of the value loss (--value_loss) in the loss")
+    value_loss: str | None = setting(
+        ALGORITHM_DEFAULT, "PPO: 'mse', the mean squared error of the values; 'clipped', the larger of that squared "
+                           "error and the one of the workers' value moved at most --clip_ratio toward the new value "
+                           "(baselines' ppo2, CleanRL)", choices=VALUE_LOSSES)
+    adv_norm: str | None = setting(
+        ALGORITHM_DEFAULT, "PPO: the advantages are normalized to mean 0 and standard deviation 1 over the whole "
+                           "'batch', or over each 'minibatch' (baselines' ppo2, SB3, CleanRL)",
+        choices=ADVANTAGE_NORMALIZATIONS)
     value_targets: str | None = setting(
         ALGORITHM_DEFAULT, "PPO: what the value function learns: 'normalized', the returns scaled by their running "
                            "mean and standard deviation; 'raw', the returns as they are", choices=VALUE_TARGETS)
@@ -251,8 +258,9 @@ def load_saved_config(run_dir: Path) -> dict:
     # config.json also records the job (CPUs, threads): only TrainConfig's fields define the run.
     saved = {name: value for name, value in saved.items() if name in {f.name for f in fields(TrainConfig)}}
     saved["hidden"] = tuple(saved["hidden"])
-    if saved["algo"] == "ppo":  # a PPO run begun before --value_targets learned normalized ones, Atari's too
-        saved.setdefault("value_targets", "normalized")
+    if saved["algo"] == "ppo":  # a PPO run begun before an option existed ran as its generic default, Atari's too
+        for name in ("value_targets", "value_loss", "adv_norm"):
+            saved.setdefault(name, ALGORITHMS["ppo"].defaults[name])
     return saved
 
 
