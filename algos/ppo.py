@@ -191,7 +191,7 @@ class PPO:
         clip = self.clip_ratio
         if self.cfg.adv_norm == "minibatch":
             # The batch's normalized advantages again over these rows: the same as normalizing the raw ones here (up
-            # to the 1e-8), with torch's unbiased standard deviation, as the PPO implementations that do it.
+            # to the 1e-8), with torch's unbiased standard deviation, as baselines' ppo2, SB3 and CleanRL do.
             centered = adv - tf.reduce_mean(adv)
             rows = tf.cast(tf.size(adv), tf.float32)
             adv = centered / (tf.sqrt(tf.reduce_sum(tf.square(centered)) / tf.maximum(rows - 1.0, 1.0)) + 1e-8)
