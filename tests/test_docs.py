@@ -480,6 +480,12 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def runs_rows(name: str) -> list[dict[str, str]]:
+    """The rows of benchmarks/results/NAME/runs.csv, one per run."""
+    with open(RESULTS / name / "runs.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def eval_mean_and_std(runs_csv: Path, env: str, algo: str, nprocs: int, seeds: range) -> str:
     """The mean ± standard deviation (n - 1) over ``seeds`` of the final policy's eval return, as the docs write
     it: "4,172 ± 593"."""
@@ -513,9 +519,8 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     # Its MinAtar figures: the mean over the 6 seeds of the two MinAtar runs it cites.
     minatar = {}
     for name in ("peers_minatar", "peers_minatar_seeds3_5"):
-        with open(RESULTS / name / "runs.csv", newline="") as f:
-            for row in csv.DictReader(f):
-                minatar.setdefault(row["system"].split(",")[0], []).append(float(row["mean_return"]))
+        for row in runs_rows(name):
+            minatar.setdefault(row["system"].split(",")[0], []).append(float(row["mean_return"]))
     means = {system: f"{sum(returns) / len(returns):.1f}" for system, returns in minatar.items()}
     assert [len(returns) for returns in minatar.values()] == [6, 6, 6], minatar
     assert (f"the training return was {means['train.py --nprocs 2']} at `--nprocs 2` and "
@@ -524,9 +529,8 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     # and the current code's, two CNNs: seeds 0-2 in one run per process count, seeds 3-5 in one run of both.
     current = {}
     for name in ("peers_minatar_two_cnns", "peers_minatar_two_cnns_4", "peers_minatar_two_cnns_seeds3_5"):
-        with open(RESULTS / name / "runs.csv", newline="") as f:
-            for row in csv.DictReader(f):
-                current.setdefault(row["system"], {})[int(row["seed"])] = float(row["mean_return"])
+        for row in runs_rows(name):
+            current.setdefault(row["system"], {})[int(row["seed"])] = float(row["mean_return"])
     assert [sorted(seeds) for seeds in current.values()] == [list(range(6))] * 2, current
     now = {system: f"{sum(seeds.values()) / 6:.1f}" for system, seeds in current.items()}
     assert (f"was {now['train.py --nprocs 2']} at `--nprocs 2` and {now['train.py --nprocs 4']} at `--nprocs 4` "
@@ -536,27 +540,25 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     breakout = {}
     for name in ("learning_breakout", "learning_breakout_seed1_float32", "learning_breakout_seed1_cleanrl",
                  "learning_breakout_seed2", "learning_breakout_seed3", "learning_breakout_seed4"):
-        with open(RESULTS / name / "runs.csv", newline="") as f:
-            for row in csv.DictReader(f):
-                system = "peer" if row["system"].startswith("CleanRL") else "train.py"
-                breakout.setdefault(system, {})[int(row["seed"])] = float(row["mean_return"])
+        for row in runs_rows(name):
+            system = "peer" if row["system"].startswith("CleanRL") else "train.py"
+            breakout.setdefault(system, {})[int(row["seed"])] = float(row["mean_return"])
     assert {system: sorted(seeds) for system, seeds in breakout.items()} == {"train.py": [0, 1, 2, 3, 4],
                                                                                "peer": [0, 1, 2, 3, 4]}
     breakout_means = {system: f"{sum(seeds.values()) / 5:.1f}" for system, seeds in breakout.items()}
     means_sentence = f"Means of the five seeds: {breakout_means['train.py']} against {breakout_means['peer']}."
     assert means_sentence in training, breakout_means
     # and at the Atari defaults since (raw value targets), the seeds run so far: 0-4 alone, 5 and 6 beside the peer.
-    raw = [float(row["mean_return"]) for path in sorted(RESULTS.glob("learning_breakout_raw_targets_seed*/runs.csv"))
-           for row in csv.DictReader(path.open(newline=""))]
-    for name in ("learning_breakout_seed5", "learning_breakout_seed6"):
-        with open(RESULTS / name / "runs.csv", newline="") as f:
-            raw += [float(row["mean_return"]) for row in csv.DictReader(f) if row["system"].startswith("train.py")]
-    assert f"for seeds 0-{len(raw) - 1} (mean {sum(raw) / len(raw):.1f})" in training, raw
+    raw = {int(row["seed"]): float(row["mean_return"])
+           for name in [path.name for path in RESULTS.glob("learning_breakout_raw_targets_seed*")]
+           + ["learning_breakout_seed5", "learning_breakout_seed6"]
+           for row in runs_rows(name) if row["system"].startswith("train.py")}
     # and with the reference implementations' loss (the Atari default since), the seeds run so far.
-    reference = [float(row["mean_return"])
-                 for path in sorted(RESULTS.glob("learning_breakout_peer_loss_seed*/runs.csv"))
-                 for row in csv.DictReader(path.open(newline=""))]
-    assert f"for seeds 0-{len(reference) - 1} (mean {sum(reference) / len(reference):.1f})" in training, reference
+    reference = {int(row["seed"]): float(row["mean_return"])
+                 for path in RESULTS.glob("learning_breakout_peer_loss_seed*") for row in runs_rows(path.name)}
+    for scores in (raw, reference):  # the sentence says "for seeds 0-N": the files hold exactly those seeds
+        assert sorted(scores) == list(range(len(scores))), scores
+        assert f"for seeds 0-{len(scores) - 1} (mean {sum(scores.values()) / len(scores):.1f})" in training, scores
 
 
 def test_every_results_file_the_readme_and_guides_cite_exists_and_each_guide_citation_is_checked():
