@@ -571,6 +571,14 @@ def test_every_results_file_the_readme_and_guides_cite_exists_and_each_guide_cit
                 assert cited in checked | CITED_WITHOUT_FIGURES, f"{page.name} cites {cited}: check its figures here"
 
 
+def test_every_results_directory_is_cited_by_a_page_a_user_reads():
+    # A results directory no page names is a figure nobody can find, or one no page stands behind any more.
+    pages = "\n".join(page.read_text() for page in [REPO / "README.md", REPO / "benchmarks" / "README.md", *DOCS])
+    uncited = [path.name for path in sorted(RESULTS.iterdir())
+               if not re.search(rf"results/{re.escape(path.name)}/", pages)]
+    assert not uncited, f"benchmarks/results directories no page cites (cite them or delete them): {uncited}"
+
+
 def test_every_python_snippet_in_the_docs_is_an_excerpt_of_an_example_a_test_runs():
     for name, test_file in RUN_BY.items():
         text = (REPO / "tests" / test_file).read_text()
