@@ -397,14 +397,20 @@ FIGURES = [
       "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 9.39 over 1 run(s)",
       "| 1579 | 1.23 |", "| 1962 | 1.94 |", ZEN3,
       "501760 steps per run on ALE/Breakout-v5, seed 4"]),
-    *[("training.md", "6.6, 10.3, 7.7, 9.0, 8.8, 8.4 and 10.0 for seeds 0-6 (mean 8.7), against",
+    *[("training.md", "6.6, 10.3, 7.7, 9.0, 8.8, 8.4, 10.0, 10.7 and 8.5 for seeds 0-8 (mean 8.9), against",
        f"learning_breakout_peer_loss_seed{seed}/results.md",
        [f"train.py --nprocs 2: final mean return {score} over 1 run(s)", code,
         f"501760 steps per run on ALE/Breakout-v5, seed {seed}", flags])
       for seed, score, code, flags in ((0, "6.57", "main at 2266261", ZEN3), (1, "10.35", "main at 1641fc0", ZEN4),
                                        (2, "7.70", "main at 1641fc0", ZEN4), (3, "9.04", "with the patch below", ZEN3),
                                        (4, "8.80", "main at 2266261", ZEN3), (5, "8.42", "main at 2266261", ZEN3),
-                                       (6, "9.95", "with the patch below", ZEN3))],
+                                       (6, "9.95", "with the patch below", ZEN3), (7, "10.68", "main at 2126592", ZEN4),
+                                       (8, "8.46", "main at 2126592", ZEN4))],
+    *[("training.md", "train.py in 1,219 and 1,334 s against the peer's 1,509 and 1,548 s",
+       f"learning_breakout_peer_loss_seed{seed}/results.md",
+       [f"CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return {peer} over 1 run(s)", ours_wall, peer_wall])
+      for seed, peer, ours_wall, peer_wall in ((7, "7.92", "| 1219 | 1.19 |", "| 1509 | 2.37 |"),
+                                                (8, "6.76", "| 1334 | 1.96 |", "| 1548 | 2.12 |"))],
     ("training.md", "seed 6 in 1,861 s, the peer's in 2,247 s", "learning_breakout_seed6/results.md",
      ["train.py --nprocs 2: final mean return 5.57 over 1 run(s)",
       "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 9.74 over 1 run(s)",
@@ -554,11 +560,19 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
            + ["learning_breakout_seed5", "learning_breakout_seed6"]
            for row in runs_rows(name) if row["system"].startswith("train.py")}
     # and with the reference implementations' loss (the Atari default since), the seeds run so far.
+    reference_runs = [path.name for path in RESULTS.glob("learning_breakout_peer_loss_seed*")]
     reference = {int(row["seed"]): float(row["mean_return"])
-                 for path in RESULTS.glob("learning_breakout_peer_loss_seed*") for row in runs_rows(path.name)}
+                 for name in reference_runs for row in runs_rows(name) if row["system"].startswith("train.py")}
     for scores in (raw, reference):  # the sentence says "for seeds 0-N": the files hold exactly those seeds
         assert sorted(scores) == list(range(len(scores))), scores
         assert f"for seeds 0-{len(scores) - 1} (mean {sum(scores.values()) / len(scores):.1f})" in training, scores
+    # The CleanRL-style peer on the same seeds: 0-6 beside the loss before, the later ones beside the reference loss.
+    peer = {int(row["seed"]): float(row["mean_return"])
+            for name in ["learning_breakout", "learning_breakout_seed1_cleanrl",
+                         *[path.name for path in RESULTS.glob("learning_breakout_seed[2-9]")], *reference_runs]
+            for row in runs_rows(name) if row["system"].startswith("CleanRL")}
+    assert sorted(peer) == sorted(reference), (peer, reference)
+    assert f"(mean {sum(peer.values()) / len(peer):.1f}) on the same seeds" in training, peer
 
 
 def test_every_results_file_the_readme_and_guides_cite_exists_and_each_guide_citation_is_checked():
