@@ -492,6 +492,12 @@ def runs_rows(name: str) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def seed_scores(names: list[str], system: str) -> dict[int, float]:
+    """{seed: final mean return} of the runs in those results directories whose system starts with ``system``."""
+    return {int(row["seed"]): float(row["mean_return"])
+            for name in names for row in runs_rows(name) if row["system"].startswith(system)}
+
+
 def eval_mean_and_std(runs_csv: Path, env: str, algo: str, nprocs: int, seeds: range) -> str:
     """The mean ± standard deviation (n - 1) over ``seeds`` of the final policy's eval return, as the docs write
     it: "4,172 ± 593"."""
@@ -543,34 +549,28 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
             f"(means of seeds 0-5 on the current code), against {means['stable-baselines3 PPO']} for "
             "stable-baselines3 PPO with the same network over the same seeds") in training, now
     # Its Atari Breakout means: train.py float32 (its default) and the CleanRL-style PPO over seeds 0-4.
-    breakout = {}
-    for name in ("learning_breakout", "learning_breakout_seed1_float32", "learning_breakout_seed1_cleanrl",
-                 "learning_breakout_seed2", "learning_breakout_seed3", "learning_breakout_seed4"):
-        for row in runs_rows(name):
-            system = "peer" if row["system"].startswith("CleanRL") else "train.py"
-            breakout.setdefault(system, {})[int(row["seed"])] = float(row["mean_return"])
+    five = ["learning_breakout", "learning_breakout_seed1_float32", "learning_breakout_seed1_cleanrl",
+            "learning_breakout_seed2", "learning_breakout_seed3", "learning_breakout_seed4"]
+    breakout = {"train.py": seed_scores(five, "train.py"), "peer": seed_scores(five, "CleanRL")}
+    assert sum(len(runs_rows(name)) for name in five) == 10, "a row of another system among the five seeds' files"
     assert {system: sorted(seeds) for system, seeds in breakout.items()} == {"train.py": [0, 1, 2, 3, 4],
                                                                                "peer": [0, 1, 2, 3, 4]}
     breakout_means = {system: f"{sum(seeds.values()) / 5:.1f}" for system, seeds in breakout.items()}
     means_sentence = f"Means of the five seeds: {breakout_means['train.py']} against {breakout_means['peer']}."
     assert means_sentence in training, breakout_means
     # and at the Atari defaults since (raw value targets), the seeds run so far: 0-4 alone, 5 and 6 beside the peer.
-    raw = {int(row["seed"]): float(row["mean_return"])
-           for name in [path.name for path in RESULTS.glob("learning_breakout_raw_targets_seed*")]
-           + ["learning_breakout_seed5", "learning_breakout_seed6"]
-           for row in runs_rows(name) if row["system"].startswith("train.py")}
+    raw = seed_scores([path.name for path in RESULTS.glob("learning_breakout_raw_targets_seed*")]
+                      + ["learning_breakout_seed5", "learning_breakout_seed6"], "train.py")
     # and with the reference implementations' loss (the Atari default since), the seeds run so far.
     reference_runs = [path.name for path in RESULTS.glob("learning_breakout_peer_loss_seed*")]
-    reference = {int(row["seed"]): float(row["mean_return"])
-                 for name in reference_runs for row in runs_rows(name) if row["system"].startswith("train.py")}
+    reference = seed_scores(reference_runs, "train.py")
     for scores in (raw, reference):  # the sentence says "for seeds 0-N": the files hold exactly those seeds
         assert sorted(scores) == list(range(len(scores))), scores
         assert f"for seeds 0-{len(scores) - 1} (mean {sum(scores.values()) / len(scores):.1f})" in training, scores
     # The CleanRL-style peer on the same seeds: 0-6 beside the loss before, the later ones beside the reference loss.
-    peer = {int(row["seed"]): float(row["mean_return"])
-            for name in ["learning_breakout", "learning_breakout_seed1_cleanrl",
-                         *[path.name for path in RESULTS.glob("learning_breakout_seed[2-9]")], *reference_runs]
-            for row in runs_rows(name) if row["system"].startswith("CleanRL")}
+    peer_runs = ["learning_breakout", "learning_breakout_seed1_cleanrl",
+                 *[path.name for path in RESULTS.glob("learning_breakout_seed[2-9]")], *reference_runs]
+    peer = seed_scores(peer_runs, "CleanRL")
     assert sorted(peer) == sorted(reference), (peer, reference)
     assert f"(mean {sum(peer.values()) / len(peer):.1f}) on the same seeds" in training, peer
 
