@@ -77,7 +77,7 @@ class PPO:
         self.clip_ratio = tf.Variable(cfg.clip_ratio, dtype=tf.float32, trainable=False, name="clip_ratio")
         obs_spec, act_spec = batch_specs(ac)
         params_spec = tf.TensorSpec([None, None], tf.float32)
-        self._old_policy = graph_function(self._old_policy_fn, input_signature=[obs_spec, act_spec])
+        self._old_policy = graph_function(self.ac.params_and_log_prob, input_signature=[obs_spec, act_spec])
         # A graph loop over up to STEPS_PER_CALL minibatch steps per call (learner_batch.minibatch_loop). Traced once
         # per length of the rows a call takes (a whole epoch's, or STEPS_PER_CALL minibatches' and the rest's).
         self._train_steps = graph_function(self._train_steps_fn)
@@ -153,10 +153,6 @@ class PPO:
     def set_rng_state(self, state: dict) -> None:
         """Restore what rng_state() returned."""
         self.rng.bit_generator.state = state
-
-    def _old_policy_fn(self, obs: tf.Tensor, act: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """Distribution parameters (N, P) and log-probs (N,) of the pre-update policy."""
-        return self.ac.dist_params(obs), self.ac.log_prob(obs, act)
 
     def _train_steps_fn(
         self,

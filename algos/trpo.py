@@ -66,7 +66,7 @@ class TRPO:
         row_spec = tf.TensorSpec([None], tf.float32)
         params_spec = tf.TensorSpec([None, None], tf.float32)
         flat_spec = tf.TensorSpec([None], tf.float32)
-        self._old_policy = graph_function(self._old_policy_fn, input_signature=[obs_spec, act_spec])
+        self._old_policy = graph_function(self.ac.params_and_log_prob, input_signature=[obs_spec, act_spec])
         self._surrogate_grad = graph_function(
             self._surrogate_grad_fn, input_signature=[obs_spec, act_spec, row_spec, row_spec]
         )
@@ -180,10 +180,6 @@ class TRPO:
         # Every epoch has the same number of minibatches: the mean of epoch means is the mean over steps.
         return float(np.mean(losses))
 
-    def _old_policy_fn(self, obs: tf.Tensor, act: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """Distribution parameters (N, P) and log-probs (N,) of the pre-update policy."""
-        return self.ac.dist_params(obs), self.ac.log_prob(obs, act)
-
     def _surrogate(self, obs: tf.Tensor, act: tf.Tensor, adv: tf.Tensor, old_logp: tf.Tensor) -> tf.Tensor:
         """Importance-weighted advantage mean(pi(a|s) / pi_old(a|s) * adv), the quantity TRPO maximizes."""
         return tf.reduce_mean(tf.exp(self.ac.log_prob(obs, act) - old_logp) * adv)
@@ -210,11 +206,13 @@ class TRPO:
     def _policy_stats_fn(
         self, obs: tf.Tensor, act: tf.Tensor, adv: tf.Tensor, old_logp: tf.Tensor, old_params: tf.Tensor
     ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """Surrogate, mean KL(old || new) and mean entropy of the current policy on the batch (scalars)."""
+        """Surrogate, mean KL(old || new) and mean entropy of the current policy on the batch (scalars), from one pass
+        of the policy network."""
+        out = self.ac.pi_net(obs)
         return (
-            self._surrogate(obs, act, adv, old_logp),
-            self.ac.kl(old_params, obs),
-            tf.reduce_mean(self.ac.entropy(obs)),
+            tf.reduce_mean(tf.exp(self.ac.log_prob_of(out, act) - old_logp) * adv),
+            self.ac.kl_of(old_params, self.ac.params_of(out)),
+            tf.reduce_mean(self.ac.entropy_of(out)),
         )
 
     def _vf_steps_fn(self, obs: tf.Tensor, v_target: tf.Tensor, rows: tf.Tensor, total: tf.Tensor) -> tf.Tensor:

@@ -236,6 +236,25 @@ def test_log_prob_entropy_kl_discrete():
     np.testing.assert_allclose(float(ac.kl(old, obs)), expected_kl, rtol=1e-4)
 
 
+@pytest.mark.parametrize("space", [BOX, DISCRETE, MULTI], ids=["box", "discrete", "multidiscrete"])
+def test_one_pass_helpers_equal_the_per_quantity_ones_bit_for_bit(space: gymnasium.spaces.Space):
+    # The updates' one-pass forms (the pre-update policy, TRPO's statistics) must not change a run's numbers.
+    import tensorflow as tf
+
+    ac = actor_critic(space)
+    obs = tf.constant(np.random.default_rng(7).normal(size=(10, 5)).astype(np.float32))
+    space.seed(7)
+    act = tf.constant(np.stack([space.sample() for _ in range(10)]).astype(
+        np.int64 if ac.is_discrete else np.float32))
+    params, logp = ac.params_and_log_prob(obs, act)
+    np.testing.assert_array_equal(params.numpy(), ac.dist_params(obs).numpy())
+    np.testing.assert_array_equal(logp.numpy(), ac.log_prob(obs, act).numpy())
+    ac.pi_net.weights[-1].assign(ac.pi_net.weights[-1] + 0.1)
+    out = ac.pi_net(obs)
+    np.testing.assert_array_equal(ac.kl_of(params, ac.params_of(out)).numpy(), ac.kl(params, obs).numpy())
+    np.testing.assert_array_equal(ac.entropy_of(out).numpy(), ac.entropy(obs).numpy())
+
+
 @pytest.mark.parametrize("space", SPACES, ids=SPACE_IDS)
 @pytest.mark.parametrize("hidden", [(16, 16), (7,), (8, 5, 3)])
 def test_worker_state_has_the_learner_state_shapes_and_dtypes(space, hidden):
