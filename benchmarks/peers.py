@@ -5,7 +5,8 @@ seed with 2,048 steps and 10 epochs of 64-row minibatches per update (other work
 on an ALE game, the CleanRL-style PPO: --batch_size, --epochs, --minibatch_size, --lr); each run is a fresh
 subprocess, one at a time (--concurrent: a repeat's runs at once, for learning curves), in an order that reverses
 from repeat to repeat, and ratios pair runs of the same repeat (benchmarks/README.md, section peers.py). Writes
-runs.csv, results.md and a plot of the returns to ``--out``.
+runs.csv, results.md (with --window W, a table of each system's mean return per W iterations) and a plot of the returns
+to ``--out``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ CLEANRL_ATARI_WORK = {"batch_size": "batch_steps", "epochs": "update_epochs", "m
                       "lr": "learning_rate"}  # train.py's work options -> peer_cleanrl_atari.py's
 RLLIB_PYTHON = REPO / "benchmarks" / ".venv-rllib" / "bin" / "python"  # made by setup_peers.sh
 SYSTEMS = ("ours", "sb3", "cleanrl", "rllib")
+Episodes = list[tuple[int, float, int]]
+"""A run's iterations: (steps so far, mean return of the episodes that ended in the iteration, those episodes)."""
 
 NOTES = [
     "train.py: lr annealed linearly to 0; an update's epochs stop when an epoch's approx KL exceeds 1.5 x 0.02 "
@@ -91,12 +94,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="more train.py arguments for ours, one string (e.g. '--precision bfloat16')")
     parser.add_argument("--concurrent", action="store_true",
                         help="run a repeat's runs at the same time (learning curves: steps/s then share the cores)")
+    parser.add_argument("--window", type=int, default=0, metavar="ITERATIONS",
+                        help="also tabulate each run's mean return per window of this many iterations, over the "
+                             "episodes that ended in it (RLlib's record has no episodes: left out) (default: none)")
     args = parser.parse_args(argv)
     takers = {"ours", "sb3", "cleanrl"} if is_atari(args.env) else {"ours", "sb3"}
     if any(getattr(args, k) != v for k, v in WORK_DEFAULTS.items()) and {*args.systems} - takers:
         parser.error("--batch_size, --epochs, --minibatch_size and --lr apply to ours, sb3 and, on an ALE game, "
                      "cleanrl only")
     iterations = args.total_steps // args.batch_size
+    if args.window < 0 or args.window > iterations:
+        parser.error(f"--window {args.window}: give 0 (no table) or at most the run's {iterations} iterations")
     if iterations <= args.warmup or iterations < args.tail:
         parser.error(f"--total_steps {args.total_steps} gives {iterations} iteration(s) of {args.batch_size} steps: "
                      f"need more than --warmup {args.warmup} and at least --tail {args.tail}")
@@ -153,6 +161,39 @@ def summarize_ours(run: Any, args: argparse.Namespace) -> dict[str, Any]:
             "load_before": s["load_before"]}
 
 
+def episodes_peer(record: dict[str, Any]) -> Episodes | None:
+    """A peer's Episodes, from its per-iteration returns (None for RLlib, whose record holds a running mean)."""
+    if "returns" not in record["iterations"][0]:
+        return None
+    return [(r["steps"], statistics.fmean(r["returns"]) if r["returns"] else math.nan, len(r["returns"]))
+            for r in record["iterations"]]
+
+
+def window_rows(episodes: Episodes, window: int) -> list[tuple[int, int, float, int]]:
+    """(steps at the window's first iteration, at its last, mean return, episodes) for each whole window of
+    ``window`` iterations; the mean weighs each iteration's mean by its episodes (NaN for a window without one). A last
+    partial window is left out."""
+    rows = []
+    for start in range(0, len(episodes) - window + 1, window):
+        its = episodes[start : start + window]
+        count = sum(n for _, _, n in its)
+        total = sum(mean * n for _, mean, n in its if n)
+        rows.append((its[0][0], its[-1][0], total / count if count else math.nan, count))
+    return rows
+
+
+def window_table(runs: list[tuple[str, Episodes]], window: int) -> list[str]:
+    """results.md's lines for --window: a paragraph and one table, a column per run (label, Episodes)."""
+    columns = [window_rows(episodes, window) for _, episodes in runs]
+    # zip stops at the shortest column: the runs have the same budget, so all have the same windows.
+    rows = [[f"{windows[0][0]:,}-{windows[0][1]:,}", *(f"{w[2]:.2f} ({w[3]})" for w in windows)]
+            for windows in zip(*columns, strict=False)]
+    return [f"Mean return per {window}-iteration window (episodes that ended in it; each iteration's mean weighed by "
+            "its episodes; a last partial window left out; steps of the first run's iterations, every system "
+            "running the same steps per iteration):", "",
+            table(["steps", *(f"{label} (episodes)" for label, _ in runs)], rows)]
+
+
 def curves_peer(record: dict[str, Any]) -> tuple[list[float], list[float]]:
     """Mean return per iteration (of the episodes ended in it, or RLlib's running mean) against steps."""
     xs, ys = [], []
@@ -180,14 +221,15 @@ def jobs_of(args: argparse.Namespace, rllib_ready: bool) -> list[tuple[str, int]
 
 
 def run_job(args: argparse.Namespace, system: str, n: int, workdir: Path, seed: int
-            ) -> tuple[dict[str, Any], tuple[list[float], list[float]], dict[str, str]]:
-    """One run: its summary, its return curve and the versions it ran with."""
+            ) -> tuple[dict[str, Any], tuple[list[float], list[float]], Episodes | None, dict[str, str]]:
+    """One run: its summary, its return curve, its Episodes (None for RLlib) and the versions it ran with."""
     work = [f"--{name}={getattr(args, name)}" for name in WORK_DEFAULTS]
     if system == "ours":
         run = run_train(args.env, n, args.total_steps, workdir, args.timeout,
                         ["--seed", str(seed), *work, *shlex.split(args.train_args)])
         return (summarize_ours(run, args),
-                ([r["total_steps"] for r in run.rows], [r["ep_return_mean"] for r in run.rows]), {})
+                ([r["total_steps"] for r in run.rows], [r["ep_return_mean"] for r in run.rows]),
+                [(int(r["total_steps"]), r["ep_return_mean"], int(r["episodes"])) for r in run.rows], {})
     json_path = workdir / f"{system}.json"
     # An image env's CNN: the torch peers each on all the cores; an MLP on one thread.
     threads = (os.cpu_count() or 1) if system in ("sb3", "cleanrl") and image_env(args.env) else 1
@@ -212,7 +254,8 @@ def run_job(args: argparse.Namespace, system: str, n: int, workdir: Path, seed: 
     record, process_wall_s, load_before = run_for_result(command, json_path, args.timeout, system)
     record.update(process_wall_s=process_wall_s, load_before=load_before)
     versions = {f"{system} {k}": v for k, v in record["versions"].items()}
-    return summarize_peer(record, label, n, args.warmup, args.tail), curves_peer(record), versions
+    return (summarize_peer(record, label, n, args.warmup, args.tail), curves_peer(record), episodes_peer(record),
+            versions)
 
 
 def plot_curves(curves: list[tuple[str, list[float], list[float]]], path: Path, title: str) -> None:
@@ -255,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     results: list[dict[str, Any]] = []
     curves: list[tuple[str, list[float], list[float]]] = []
+    windowed: list[tuple[str, Episodes]] = []  # the runs that --window tabulates, as their curves
     versions: dict[str, str] = {}
     try:
         for repeat in range(args.repeats):
@@ -267,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         for system, n in order]
             for (system, n), finished in zip(order, runs, strict=True):
                 try:
-                    summary, curve, run_versions = finished.result()
+                    summary, curve, episodes, run_versions = finished.result()
                 except RuntimeError as error:  # one failed system must not cost the others' measurements
                     notes.append(f"repeat {repeat + 1}, {system} ({n}) failed: {str(error).splitlines()[0]}")
                     print(f"peers: {error}", flush=True)
@@ -275,7 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 versions.update(run_versions)
                 results.append({"repeat": repeat + 1, "seed": seed, **summary})
                 if repeat == 0 or args.vary_seed:  # one seed: one curve per system says what it learns
-                    curves.append((summary["system"] + (f", seed {seed}" if args.vary_seed else ""), *curve))
+                    label = summary["system"] + (f", seed {seed}" if args.vary_seed else "")
+                    curves.append((label, *curve))
+                    if episodes is not None:
+                        windowed.append((label, episodes))
                 print(f"  {summary['steps_per_s']:,.0f} steps/s (whole loop {summary['steps_per_s_whole_loop']:,.0f}), "
                       f"rollout {summary['t_rollout']:.3f} s, update {summary['t_update']:.3f} s per iteration, "
                       f"{summary['grad_steps_per_iter']:.0f} Adam steps, mean return {summary['mean_return']:.1f}, "
@@ -285,7 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not results:
         print("peers: no run finished; nothing written", file=sys.stderr)
         return 1
-    report(args, out, time.perf_counter() - started, results, versions, notes)
+    report(args, out, time.perf_counter() - started, results, versions, notes,
+           window_table(windowed, args.window) if args.window and windowed else [])
     which = "one curve per run" if args.vary_seed else f"seed {args.seed}, one curve per system: the first repeat's"
     plot_curves(curves, out / "peers.png", f"{args.env}, {args.total_steps} steps ({which}; RLlib's is its running "
                 "mean of the last 100 episodes)")
@@ -293,8 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def report(args: argparse.Namespace, out: Path, wall_s: float, results: list[dict[str, Any]],
-           versions: dict[str, str], notes: list[str]) -> None:
-    """runs.csv and results.md: every run, and the ratios of the first system (train.py by default) to the others."""
+           versions: dict[str, str], notes: list[str], windows: list[str]) -> None:
+    """runs.csv and results.md: every run, the ratios of the first system (train.py by default) to the others, then
+    ``windows`` (window_table's lines, or none)."""
     baseline = results[0]["system"]
     rows, ratios = [], {}
     for repeat in range(1, args.repeats + 1):
@@ -334,6 +383,7 @@ def report(args: argparse.Namespace, out: Path, wall_s: float, results: list[dic
         "What each system does (the work per iteration is the same; these are the differences):", "",
         *(f"- {note}" for note in NOTES),
         *(["", *(f"- {note}" for note in notes)] if notes else []),
+        *(["", *windows] if windows else []),
     ])
     write_results(out, results, body, wall_s, loads, about)
 
