@@ -361,6 +361,11 @@ FIGURES = [
      ["| new | 2 | 9.2 | 1,168 | 165 | 1,333 | 419 | 0.64 | 1.78 | 0.55, 0.59 | 0.87, 0.86 | 3.64, 3.45 |"]),
     ("training.md", "Rank 0's update is 61-72% of an iteration", "scaling_pong/results.md",
      ["| 61% |", "| 72% |", "| 67% |"]),
+    ("training.md", "(1.04-1.15x the steps/s,", "speed_pong_one_pass/results.md",
+     ["| one_pass | 2 | 7.5 | 1,020 | 165 | 1,185 | 433 | 41.6 | 0.62 | 1.72 | 0.98, 0.84, 1.05 | 0.98, 0.98, 0.98 | "
+      "1.04, 1.05, 1.15 |"]),
+    ("training.md", "1.25-1.28x the CleanRL-style PPO's on a Zen 4", "peers_pong_one_pass/results.md",
+     ["steps/s after the warm-up: median **1.26x** over 2 repeat(s) (1.28x, 1.25x)"]),
     ("training.md", "1.31-1.43x the steps/s of a CleanRL-style torch PPO with one torso and 1.41-1.69x",
      "peers_pong/results.md",
      ["torch 2 thread(s), steps/s after the warm-up: median **1.37x** over 2 repeat(s) (1.43x, 1.31x)",
