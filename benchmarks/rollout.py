@@ -62,17 +62,21 @@ def bare_loop(env_id: str, seed: int, steps: int, sample: bool) -> Callable[[], 
 def rollout_loop(env_id: str, seed: int, steps: int, n_envs: int = 1
                  ) -> tuple[Callable[[], None], Callable[[], None]]:
     """(rollout, actor_only), prepared: each call runs the next ``steps`` steps (over n_envs envs stepped in
-    lockstep). The actor is a fresh ActorCritic's numpy snapshot, as train.py's first iteration uses."""
+    lockstep). The actor is a fresh ActorCritic's numpy snapshot in the layout train.py's PPO builds for the env (one
+    CNN torso under both heads on Atari: algos.registry.shares_torso), as train.py's first iteration uses."""
     import keras
 
     from algos import ActorCritic, RolloutWorker
+    from algos.registry import shares_torso
     from algos.spaces import action_spec, obs_spec
     from envs.atari import is_atari
     from envs.make import make_env
 
     envs = [make_env(env_id) for _ in range(n_envs)]
     keras.utils.set_random_seed(seed)
-    ac = ActorCritic(obs_spec(envs[0].observation_space), action_spec(envs[0].action_space), hidden=(64, 64))
+    obs = obs_spec(envs[0].observation_space)
+    ac = ActorCritic(obs, action_spec(envs[0].action_space), hidden=(64, 64),
+                     shared_torso=shares_torso("ppo", env_id, obs.is_image))
     actor = ac.numpy_actor()
     worker = RolloutWorker(envs, seed=seed, gamma=0.99, lam=0.95, atari=is_atari(env_id))
     rng = np.random.default_rng(seed)
