@@ -402,7 +402,7 @@ FIGURES = [
       "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 9.39 over 1 run(s)",
       "| 1579 | 1.23 |", "| 1962 | 1.94 |", ZEN3,
       "501760 steps per run on ALE/Breakout-v5, seed 4"]),
-    *[("training.md", "6.6, 10.3, 7.7, 9.0, 8.8, 8.4, 10.0, 10.7 and 8.5 for seeds 0-8 (mean 8.9), against",
+    *[("training.md", "10.0, 10.7, 8.5, 10.1 and 8.5 for seeds 0-10 (mean 9.0), against",
        f"learning_breakout_peer_loss_seed{seed}/results.md",
        [f"train.py --nprocs 2: final mean return {score} over 1 run(s)", code,
         f"501760 steps per run on ALE/Breakout-v5, seed {seed}", flags])
@@ -411,11 +411,25 @@ FIGURES = [
                                        (4, "8.80", "main at 2266261", ZEN3), (5, "8.42", "main at 2266261", ZEN3),
                                        (6, "9.95", "with the patch below", ZEN3), (7, "10.68", "main at 2126592", ZEN4),
                                        (8, "8.46", "main at 2126592", ZEN4))],
-    *[("training.md", "train.py in 1,219 and 1,334 s against the peer's 1,509 and 1,548 s",
+    *[("training.md",
+       "train.py in 1,219, 1,334, 1,141 and\n  1,123 s against the peer's 1,509, 1,548, 1,458 and 1,454 s",
        f"learning_breakout_peer_loss_seed{seed}/results.md",
        [f"CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return {peer} over 1 run(s)", ours_wall, peer_wall])
       for seed, peer, ours_wall, peer_wall in ((7, "7.92", "| 1219 | 1.19 |", "| 1509 | 2.37 |"),
                                                 (8, "6.76", "| 1334 | 1.96 |", "| 1548 | 2.12 |"))],
+    ("training.md", "10.0, 10.7, 8.5, 10.1 and 8.5 for seeds 0-10 (mean 9.0), against",
+     "learning_breakout_peer_loss_seeds9_10/results.md",
+     ["train.py --nprocs 2: final mean return 9.27 over 2 run(s) (10.05, 8.48)",
+      "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 6.88 over 2 run(s) (3.67, 10.10)",
+      "| 1 | 9 | train.py --nprocs 2 | 442 | 442 | 1.00x | 0.678 | 1.624 | 0.012 | 16 | 10.1 (19) | 1141 | 0.52 "
+      "|",
+      "| 1 | 9 | CleanRL-style PPO, 8 envs, torch 2 thread(s) | 345 | 346 | 0.78x | 1.093 | 1.871 | 0.000 | 16 | "
+      "3.7 (39) | 1458 | 2.09 |",
+      "| 2 | 10 | CleanRL-style PPO, 8 envs, torch 2 thread(s) | 346 | 346 | 0.77x | 1.098 | 1.858 | 0.000 | 16 | "
+      "10.1 (21) | 1454 | 2.02 |",
+      "| 2 | 10 | train.py --nprocs 2 | 450 | 450 | 1.00x | 0.660 | 1.603 | 0.011 | 16 | 8.5 (23) | 1123 | 1.92 "
+      "|",
+      "main at e53ca9f", "seeds 9-10", ZEN4, "| 461,824-486,400 | 9.49 (53) | 3.48 (97) | 9.55 (56) | 8.89 (62) |"]),
     ("training.md", "seed 6 in 1,861 s, the peer's in 2,247 s", "learning_breakout_seed6/results.md",
      ["train.py --nprocs 2: final mean return 5.57 over 1 run(s)",
       "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 9.74 over 1 run(s)",
