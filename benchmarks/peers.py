@@ -194,15 +194,15 @@ def window_table(runs: list[tuple[str, Episodes]], window: int) -> list[str]:
             table(["steps", *(f"{label} (episodes)" for label, _ in runs)], rows)]
 
 
-def curves_peer(record: dict[str, Any]) -> tuple[list[float], list[float]]:
-    """Mean return per iteration (of the episodes ended in it, or RLlib's running mean) against steps."""
-    xs, ys = [], []
-    for r in record["iterations"]:
-        value = statistics.fmean(r["returns"]) if r.get("returns") else r.get("episode_return_mean", math.nan)
-        if not math.isnan(value):
-            xs.append(r["steps"])
-            ys.append(value)
-    return xs, ys
+def curves_peer(record: dict[str, Any], episodes: Episodes | None) -> tuple[list[float], list[float]]:
+    """Mean return per iteration against steps: of the episodes ended in it (``episodes``, episodes_peer's), or for
+    RLlib (None) its running mean; iterations without a value are left out."""
+    if episodes is not None:
+        points = [(steps, mean) for steps, mean, count in episodes if count]
+    else:
+        points = [(r["steps"], r["episode_return_mean"]) for r in record["iterations"]
+                  if not math.isnan(r.get("episode_return_mean", math.nan))]
+    return [steps for steps, _ in points], [mean for _, mean in points]
 
 
 def jobs_of(args: argparse.Namespace, rllib_ready: bool) -> list[tuple[str, int]]:
@@ -254,8 +254,8 @@ def run_job(args: argparse.Namespace, system: str, n: int, workdir: Path, seed: 
     record, process_wall_s, load_before = run_for_result(command, json_path, args.timeout, system)
     record.update(process_wall_s=process_wall_s, load_before=load_before)
     versions = {f"{system} {k}": v for k, v in record["versions"].items()}
-    return (summarize_peer(record, label, n, args.warmup, args.tail), curves_peer(record), episodes_peer(record),
-            versions)
+    episodes = episodes_peer(record)
+    return summarize_peer(record, label, n, args.warmup, args.tail), curves_peer(record, episodes), episodes, versions
 
 
 def plot_curves(curves: list[tuple[str, list[float], list[float]]], path: Path, title: str) -> None:
