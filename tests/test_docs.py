@@ -460,11 +460,15 @@ FIGURES = [
      ["train.py --nprocs 2: final mean return -20.40 over 1 run(s)",
       "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return -19.92 over 1 run(s)",
       "501760 steps per run on ALE/Pong-v5, seed 0"]),
-    *[("training.md", "scored 9.3, 9.3 and 3.2 for seeds 0-2, where float32 scored 6.6-10.3 on seeds 0-6",
+    *[("training.md", "scored 9.3, 9.3 and 3.2 for seeds 0-2, seed 2 never leaving random play",
        f"learning_breakout_bfloat16_peer_loss_seed{seed}/results.md",
        [f"train.py --nprocs 2 --precision bfloat16: final mean return {score} over 1 run(s)", "main at 1641fc0",
         f"501760 steps per run on ALE/Breakout-v5, seed {seed}", ZEN4])
       for seed, score in ((0, "9.29"), (1, "9.26"), (2, "3.20"))],
+    ("training.md", "and 7.0, 8.8, 10.1, 6.9, 9.0 and 6.6 for seeds 3-8",
+     "learning_breakout_bfloat16_seeds3_8/results.md",
+     ["train.py --nprocs 2 --precision bfloat16: final mean return 8.08 over 6 run(s) (6.97, 8.83, 10.14, 6.93, 9.04, "
+      "6.59)", "main at 7aaea47", "501760 steps per run on ALE/Breakout-v5, seeds 3-8", ZEN4]),
     ("training.md", "-19.9 over 10 games in 1,154 s", "learning_pong_peer_loss_seed0/results.md",
      ["train.py --nprocs 2: final mean return -19.90 over 1 run(s)", "| -19.9 (10) | 1154 |", "main at 1641fc0",
       "501760 steps per run on ALE/Pong-v5, seed 0", ZEN4]),
@@ -592,6 +596,12 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     peer = seed_scores(peer_runs, "CleanRL")
     assert sorted(peer) == sorted(reference), (peer, reference)
     assert f"(mean {sum(peer.values()) / len(peer):.1f}) on the same seeds" in training, peer
+    # --precision bfloat16 over seeds 0-8 against float32's on the same seeds.
+    bfloat16 = seed_scores([path.name for path in RESULTS.glob("learning_breakout_bfloat16_peer_loss_seed*")]
+                           + ["learning_breakout_bfloat16_seeds3_8"], "train.py")
+    assert sorted(bfloat16) == list(range(9)), bfloat16
+    float32 = sum(reference[seed] for seed in bfloat16) / 9
+    assert f"a mean of {sum(bfloat16.values()) / 9:.1f} over seeds 0-8 against float32's {float32:.1f}" in training
 
 
 def test_every_results_file_the_readme_and_guides_cite_exists_and_each_guide_citation_is_checked():
