@@ -596,6 +596,12 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     peer = seed_scores(peer_runs, "CleanRL")
     assert sorted(peer) == sorted(reference), (peer, reference)
     assert f"(mean {sum(peer.values()) / len(peer):.1f}) on the same seeds" in training, peer
+    # The README's pixels table: both systems' means and ranges over those seeds.
+    readme = (REPO / "README.md").read_text()
+    for scores, bold in ((reference, "**"), (peer, "")):
+        low, high = min(scores.values()), max(scores.values())
+        summary = f"{bold}{statistics.mean(scores.values()):.1f}{bold} ({low:.1f} to {high:.1f})"
+        assert f"seeds 0-{len(scores) - 1} |" in readme and f"mean {summary}" in readme, summary
     # --precision bfloat16 over seeds 0-8 against float32's on the same seeds.
     bfloat16 = seed_scores([path.name for path in RESULTS.glob("learning_breakout_bfloat16_peer_loss_seed*")]
                            + ["learning_breakout_bfloat16_seeds3_8"], "train.py")
