@@ -493,6 +493,10 @@ FIGURES = [
     ("training.md", "against the CleanRL-style PPO 1.20-1.29x again on 2026-11-29",
      "peers_pong_zen3_2026-11-29/results.md",
      ["median **1.24x** over 2 repeat(s) (1.29x, 1.20x)", ZEN3]),
+    ("../README.md", "from 135 to 254 over 25-iteration windows", "learning_spaceinvaders/results.md",
+     ["| 1,024-25,600 | 135.10 (49) | 158.75 (48) |", "| 461,824-486,400 | 253.90 (41) | 238.78 (45) |",
+      "| 372 | 372 | 1.00x | 0.850 | 1.889 | 0.013 | 16 | 370.0 (13) | 1359 |", "| 270.3 (16) | 1812 |",
+      "501760 steps per run on ALE/SpaceInvaders-v5, seed 0", ZEN4]),
     ("training.md", "-17.8 over 6 games in 4,610 s", "learning_pong_4m_frames_cleanrl/results.md",
      ["CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return -17.83 over 1 run(s)", "| -17.8 (6) | 4610 |",
       "1003520 steps per run on ALE/Pong-v5, seed 0", ZEN3]),
@@ -602,6 +606,11 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
         low, high = min(scores.values()), max(scores.values())
         summary = f"{bold}{statistics.mean(scores.values()):.1f}{bold} ({low:.1f} to {high:.1f})"
         assert f"seeds 0-{len(scores) - 1} |" in readme and f"mean {summary}" in readme, summary
+    # Space Invaders: the 25-iteration windows in which train.py's game score was above the peer's.
+    windows = re.findall(r"^\| [\d,]+-[\d,]+ \| ([\d.]+) \(\d+\) \| ([\d.]+) \(\d+\) \|$",
+                         (RESULTS / "learning_spaceinvaders" / "results.md").read_text(), flags=re.M)
+    ahead = sum(float(ours) > float(peer) for ours, peer in windows)
+    assert f"ahead of the peer in {ahead} of {len(windows)};" in readme, (ahead, len(windows))
     # --precision bfloat16 over seeds 0-8 against float32's on the same seeds.
     bfloat16 = seed_scores([path.name for path in RESULTS.glob("learning_breakout_bfloat16_peer_loss_seed*")]
                            + ["learning_breakout_bfloat16_seeds3_8"], "train.py")
