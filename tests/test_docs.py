@@ -609,7 +609,7 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     # Space Invaders: the 25-iteration windows in which train.py's game score was above the peer's.
     windows = re.findall(r"^\| [\d,]+-[\d,]+ \| ([\d.]+) \(\d+\) \| ([\d.]+) \(\d+\) \|$",
                          (RESULTS / "learning_spaceinvaders" / "results.md").read_text(), flags=re.M)
-    ahead = sum(float(ours) > float(peer) for ours, peer in windows)
+    ahead = sum(float(ours_score) > float(peer_score) for ours_score, peer_score in windows)
     assert f"ahead of the peer in {ahead} of {len(windows)};" in readme, (ahead, len(windows))
     # --precision bfloat16 over seeds 0-8 against float32's on the same seeds.
     bfloat16 = seed_scores([path.name for path in RESULTS.glob("learning_breakout_bfloat16_peer_loss_seed*")]
