@@ -497,6 +497,10 @@ FIGURES = [
      ["| 1,024-25,600 | 135.10 (49) | 158.75 (48) |", "| 461,824-486,400 | 253.90 (41) | 238.78 (45) |",
       "| 372 | 372 | 1.00x | 0.850 | 1.889 | 0.013 | 16 | 370.0 (13) | 1359 |", "| 270.3 (16) | 1812 |",
       "501760 steps per run on ALE/SpaceInvaders-v5, seed 0", ZEN4]),
+    ("../README.md", "Seaquest from 136 to 718", "learning_seaquest/results.md",
+     ["| 1,024-25,600 | 135.88 (34) | 151.25 (32) |", "| 461,824-486,400 | 718.33 (12) | 681.54 (13) |",
+      "| 467 | 467 | 1.00x | 0.610 | 1.570 | 0.010 | 16 | 753.3 (6) | 1081 |", "| 753.3 (3) | 1361 |",
+      "501760 steps per run on ALE/Seaquest-v5, seed 0", ZEN4]),
     ("training.md", "-17.8 over 6 games in 4,610 s", "learning_pong_4m_frames_cleanrl/results.md",
      ["CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return -17.83 over 1 run(s)", "| -17.8 (6) | 4610 |",
       "1003520 steps per run on ALE/Pong-v5, seed 0", ZEN3]),
@@ -606,11 +610,13 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
         low, high = min(scores.values()), max(scores.values())
         summary = f"{bold}{statistics.mean(scores.values()):.1f}{bold} ({low:.1f} to {high:.1f})"
         assert f"seeds 0-{len(scores) - 1} |" in readme and f"mean {summary}" in readme, summary
-    # Space Invaders: the 25-iteration windows in which train.py's game score was above the peer's.
-    windows = re.findall(r"^\| [\d,]+-[\d,]+ \| ([\d.]+) \(\d+\) \| ([\d.]+) \(\d+\) \|$",
-                         (RESULTS / "learning_spaceinvaders" / "results.md").read_text(), flags=re.M)
-    ahead = sum(float(ours_score) > float(peer_score) for ours_score, peer_score in windows)
-    assert f"ahead of the peer in {ahead} of {len(windows)};" in readme, (ahead, len(windows))
+    # Space Invaders and Seaquest: the 25-iteration windows in which train.py's game score was above the peer's.
+    for game, name in (("Space Invaders", "learning_spaceinvaders"), ("Seaquest", "learning_seaquest")):
+        windows = re.findall(r"^\| [\d,]+-[\d,]+ \| ([\d.]+) \(\d+\) \| ([\d.]+) \(\d+\) \|$",
+                             (RESULTS / name / "results.md").read_text(), flags=re.M)
+        ahead = sum(float(ours_score) > float(peer_score) for ours_score, peer_score in windows)
+        assert re.search(f"{game} from [\\d,]+ to [\\d,]+[^;]*, ahead of the peer in {ahead} of {len(windows)};",
+                         readme), (game, ahead, len(windows))
     # --precision bfloat16 over seeds 0-8 against float32's on the same seeds.
     bfloat16 = seed_scores([path.name for path in RESULTS.glob("learning_breakout_bfloat16_peer_loss_seed*")]
                            + ["learning_breakout_bfloat16_seeds3_8"], "train.py")
