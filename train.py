@@ -184,7 +184,7 @@ def train(config: TrainConfig, run_dir: Path, resuming: bool) -> int:
                 if budget is not None and rank == 0:
                     budget.refill()  # every rank has stopped drawing (past the gather); none starts before the bcast
                 if learner:
-                    learner.hold(batch, new_episodes, learner.behavior_logp(actor, batch), counters)
+                    learner.hold(batch, new_episodes, learner.behavior_logp(batch), counters)
             t3 = time.monotonic()
             if learner:
                 if learner.update_due(before_rollout=False):

@@ -288,23 +288,36 @@ class NumpyActor:
         few at a time, so a rollout can draw a whole batch's noise at once and act row by row with act_with_noise,
         bit for bit what act() would do."""
         if self.std is None:
-            return rng.gumbel(size=(n, self.pi_weights[-1].shape[0]))
+            return rng.gumbel(size=(n, self.n_outputs))
         noise = rng.standard_normal((n, self.std.shape[0]), dtype=np.float32)
         noise *= self.std
         return noise
 
-    def act_with_noise(self, raw_obs: np.ndarray, noise: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def act_with_noise(self, raw_obs: np.ndarray, noise: np.ndarray, out: np.ndarray | None = None,
+                       outputs: np.ndarray | None = None) -> np.ndarray:
         """act() with its noise given: raw_obs (N, *obs shape), noise (N, ...) rows of exploration_noise(). Writes
-        the actions into out (act()'s shapes) when given, and returns them."""
-        return self._sample(self._forward(self.pi_weights, raw_obs), noise, out)
+        the actions into out (act()'s shapes) when given, and returns them. outputs (N, n_outputs) float32, when
+        given, receives the policy's outputs, from which log_prob_of() gives the actions' log-probabilities."""
+        policy_out = self._forward(self.pi_weights, raw_obs)
+        if outputs is not None:
+            outputs[...] = policy_out
+        return self._sample(policy_out, noise, out)
 
-    def act_and_value_with_noise(self, raw_obs: np.ndarray, noise: np.ndarray,
-                                 out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def act_and_value_with_noise(self, raw_obs: np.ndarray, noise: np.ndarray, out: np.ndarray | None = None,
+                                 outputs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """act_with_noise() and value() of raw_obs (N, *obs shape) from one pass of the shared torso: (actions as
         act_with_noise gives them, (N,) float32 values in return units). Only for an actor with torso_weights."""
         features = numpy_cnn_torso(self.torso_weights, raw_obs, self.obs)
-        actions = self._sample(linear(self.pi_weights, features), noise, out)
+        policy_out = linear(self.pi_weights, features)
+        if outputs is not None:
+            outputs[...] = policy_out
+        actions = self._sample(policy_out, noise, out)
         return actions, self._return_units(linear(self.v_weights, features)[:, 0])
+
+    @property
+    def n_outputs(self) -> int:
+        """The policy network's outputs per row: the Gaussian's means (act_dim) or every categorical's logits."""
+        return self.pi_weights[-1].shape[0]
 
     def _sample(self, policy_out: np.ndarray, noise: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """The actions of the policy's outputs (N, n_outputs) with noise from exploration_noise()."""
@@ -331,7 +344,11 @@ class NumpyActor:
     def log_prob(self, raw_obs: np.ndarray, act: np.ndarray) -> np.ndarray:
         """log pi(act | raw_obs) under this snapshot, (N,) float64: raw_obs (N, *obs shape), act as act() returns
         it. The formula of ActorCritic.log_prob, in float64."""
-        out = self._forward(self.pi_weights, raw_obs).astype(np.float64)
+        return self.log_prob_of(self._forward(self.pi_weights, raw_obs), act)
+
+    def log_prob_of(self, policy_out: np.ndarray, act: np.ndarray) -> np.ndarray:
+        """log_prob() from the policy's outputs (N, n_outputs), as act_with_noise() writes them: (N,) float64."""
+        out = policy_out.astype(np.float64)
         if self.std is None:
             act = np.asarray(act).reshape(len(out), -1)
             total = np.zeros(len(out))

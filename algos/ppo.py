@@ -76,12 +76,10 @@ class PPO:
         # A variable, so that a schedule changes it between updates without tracing the steps again.
         self.clip_ratio = tf.Variable(cfg.clip_ratio, dtype=tf.float32, trainable=False, name="clip_ratio")
         obs_spec, act_spec = batch_specs(ac)
-        params_spec = tf.TensorSpec([None, None], tf.float32)
-        self._old_policy = graph_function(self.ac.params_and_log_prob, input_signature=[obs_spec, act_spec])
+        self._old_log_prob = graph_function(self.ac.log_prob, input_signature=[obs_spec, act_spec])
         # A graph loop over up to STEPS_PER_CALL minibatch steps per call (learner_batch.minibatch_loop). Traced once
         # per length of the rows a call takes (a whole epoch's, or STEPS_PER_CALL minibatches' and the rest's).
         self._train_steps = graph_function(self._train_steps_fn)
-        self._batch_kl = graph_function(self._batch_kl_fn, input_signature=[params_spec, obs_spec])
 
     def set_learning_rate(self, lr: float) -> None:
         """Adam's learning rate for the next updates (a schedule sets it before each update)."""
@@ -93,19 +91,28 @@ class PPO:
 
     def update(
         self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray,
-        behavior_logp: np.ndarray | None = None,
+        behavior_logp: np.ndarray | None = None, old_logp: np.ndarray | None = None,
     ) -> dict[str, float]:
         """One PPO update on a gathered batch of N rows, then obs_rms merges obs (vectors).
 
         obs (N, obs_dim) float32 RAW observations; act (N, act_dim) float32 or (N,) int64; adv (N,) GAE
         advantages, not yet normalized; ret (N,) value targets in return units; behavior_logp (N,) float64: the
-        log-probabilities of the policy that acted when it is older than the current one (weight_for_policy_lag).
-        Returns floats: pi_loss, v_loss, entropy, clip_frac (means over the gradient steps taken), kl (mean
-        KL(old || new) over the batch after the update), epochs (run), explained_var (of the workers' values),
-        lr (the learning rate of this update).
+        log-probabilities of the policy that acted when it is older than the current one (weight_for_policy_lag);
+        old_logp (N,) float64: the log-probabilities of act under the current policy, when the caller has them (the
+        workers', which acted with it): the update then runs no pass of the batch to find them. Not both.
+        Returns floats: pi_loss, v_loss, entropy, clip_frac (means over the gradient steps taken), kl (the last
+        epoch's mean approximate KL(old || new), the figure target_kl is checked against), epochs (run),
+        explained_var (of the workers' values), lr (the learning rate of this update).
         """
         batch = prepare_batch(self.ac, obs, act, adv, ret, normalize_returns=self.cfg.value_targets == "normalized")
-        old_params, old_logp = self._old_policy(batch.obs, batch.act)
+        if old_logp is None:
+            old_logp = self._old_log_prob(batch.obs, batch.act)
+        elif behavior_logp is None:
+            # The pass it saves was 7% of an update of Atari's Nature CNN (benchmarks/README.md, "The update's
+            # passes of the batch"); the workers' float64 figures agree with it to float32 rounding.
+            old_logp = tf.constant(old_logp, dtype=tf.float32)
+        else:
+            raise ValueError("PPO.update: old_logp is the current policy's, behavior_logp an older one's; give one")
         batch, lag_stats = weight_for_policy_lag(batch, old_logp, behavior_logp)
         n = int(batch.obs.shape[0])
         sums = np.zeros(4)
@@ -120,7 +127,6 @@ class PPO:
             epochs += 1
             if self.cfg.target_kl and approx_kl > 1.5 * self.cfg.target_kl:
                 break
-        kl = float(self._batch_kl(old_params, batch.obs))
         # After the update, so the next iteration's actors normalize with statistics that include this batch.
         self.ac.update_obs_stats(obs)
         # Every epoch has the same number of minibatches: the mean of epoch means is the mean over steps.
@@ -129,7 +135,10 @@ class PPO:
             "pi_loss": float(pi_loss),
             "v_loss": float(v_loss),
             "entropy": float(entropy),
-            "kl": kl,
+            # The estimate the early stop reads, not an exact KL from a pass of the batch after the update: on
+            # Atari's Nature CNN that pass was 7% of the update (benchmarks/README.md, "The update's passes of the
+            # batch").
+            "kl": float(approx_kl),
             "clip_frac": float(clip_frac),
             "epochs": float(epochs),
             "explained_var": batch.explained_var,
@@ -211,10 +220,6 @@ class PPO:
         approx_kl = tf.reduce_mean((ratio - 1.0) - log_ratio)
         clip_frac = tf.reduce_mean(tf.cast(tf.abs(ratio - 1.0) > clip, tf.float32))
         return tf.stack([pi_loss, v_loss, entropy, approx_kl, clip_frac])
-
-    def _batch_kl_fn(self, old_params: tf.Tensor, obs: tf.Tensor) -> tf.Tensor:
-        """Mean KL(old || new) over the batch, a scalar; old_params (N, P)."""
-        return self.ac.kl(old_params, obs)
 
 
 def from_config(ac: ActorCritic, settings: "Mapping[str, Any]") -> PPO:

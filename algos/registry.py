@@ -36,11 +36,13 @@ class Algorithm(Protocol):
     """
 
     def update(self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray,
-               behavior_logp: np.ndarray | None = None) -> dict[str, float]:
+               behavior_logp: np.ndarray | None = None, old_logp: np.ndarray | None = None) -> dict[str, float]:
         """One update on a gathered batch: obs (N, obs_dim) float32 raw observations (the algorithm merges them into
         ac.obs_rms after its update); act (N, act_dim) float32 or (N,) int64; adv (N,) GAE advantages, not
         normalized; ret (N,) value targets in return units; behavior_logp (N,) float64, under --policy_lag 1 only:
-        the log-probabilities of the (one update older) policy that acted, else None. Returns the update's
+        the log-probabilities of the (one update older) policy that acted, else None; old_logp (N,) float64,
+        otherwise: the log-probabilities of act under the policy being updated, as the workers found them while
+        acting with it (an algorithm may use them instead of a pass of its own, or ignore them). Returns the update's
         statistics by name, each a float (a column of progress.csv)."""
 
     def set_learning_rate(self, lr: float) -> None:

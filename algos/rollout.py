@@ -26,6 +26,8 @@ class _Steps:
     go on from."""
     act: np.ndarray
     """(rows, K, *act_shape): float32 unclipped, or int64 choices."""
+    policy_out: np.ndarray
+    """(rows, K, n_outputs) float32: the policy's outputs the actions were sampled from (NumpyActor.log_prob_of)."""
     rewards: np.ndarray
     """(rows, K) float64."""
     episode_ends: np.ndarray
@@ -98,7 +100,8 @@ class RolloutWorker:
         Returns (batch, episodes):
             batch: {"obs": (n, obs_dim) float32 RAW observations or (n, H, W, C) uint8 images, "act": (n, act_dim)
                 float32 unclipped, (n,) int64 (Discrete) or (n, d) int64 (MultiDiscrete, MultiBinary), "adv": (n,)
-                float32 GAE advantages (not normalized), "ret": (n,) float32 value targets}; env 0's steps first,
+                float32 GAE advantages (not normalized), "ret": (n,) float32 value targets, "logp": (n,) float64
+                log-probabilities of the actions under actor, the policy that sampled them}; env 0's steps first,
                 then env 1's, and so on.
             episodes: {"ep_return": (E,) float64, "ep_length": (E,) int64} of the episodes that FINISHED
                 (terminated or truncated) during this call, counting their steps from earlier calls too.
@@ -120,11 +123,15 @@ class RolloutWorker:
             adv, ret = gae_advantages(steps.rewards[:n, k], values, next_values, ends, self.gamma, self.lam)
             advs.append(adv)
             rets.append(ret)
+        act = np.concatenate([steps.act[:n, k] for k, n in enumerate(steps.steps_of_env)])
+        policy_out = np.concatenate([steps.policy_out[:n, k] for k, n in enumerate(steps.steps_of_env)])
         batch = {
             "obs": np.concatenate(env_obs),
-            "act": np.concatenate([steps.act[:n, k] for k, n in enumerate(steps.steps_of_env)]),
+            "act": act,
             "adv": np.concatenate(advs),
             "ret": np.concatenate(rets),
+            # Rank 0's update needs them; from here it runs no pass of the batch to find them (PPO.update).
+            "logp": actor.log_prob_of(policy_out, act),
         }
         episodes = {
             "ep_return": np.asarray(steps.ep_returns, dtype=np.float64),
@@ -142,6 +149,7 @@ class RolloutWorker:
         obs = np.empty((longest + 1, n_envs, *self.obs.shape), dtype=self.obs.dtype)
         obs[0] = self._obs
         act = np.empty((longest, n_envs, *self.act_shape), dtype=np.int64 if self.is_discrete else np.float32)
+        policy_out = np.empty((longest, n_envs, actor.n_outputs), dtype=np.float32)
         rewards = np.zeros((longest, n_envs), dtype=np.float64)
         episode_ends = np.zeros((longest, n_envs), dtype=bool)
         truncated_steps: list[list[int]] = [[] for _ in range(n_envs)]
@@ -167,10 +175,11 @@ class RolloutWorker:
             rows, last_active = t + 1, active
             heartbeat()  # ranks waiting for this one see it advance
             if values is None:
-                actions = actor.act_with_noise(obs[t, :active], noise, out=act[t, :active])
+                actions = actor.act_with_noise(obs[t, :active], noise, out=act[t, :active],
+                                               outputs=policy_out[t, :active])
             else:
-                actions, values[t, :active] = actor.act_and_value_with_noise(obs[t, :active], noise,
-                                                                             out=act[t, :active])
+                actions, values[t, :active] = actor.act_and_value_with_noise(
+                    obs[t, :active], noise, out=act[t, :active], outputs=policy_out[t, :active])
             if not self.is_discrete:
                 env_actions = np.minimum(np.maximum(actions, low), high)
             else:  # Python ints for Discrete; MultiDiscrete and MultiBinary take their rows
@@ -206,7 +215,7 @@ class RolloutWorker:
                     if atari:
                         lives[k] = self.envs[k].unwrapped.ale.lives()
         steps_of_env = [rows if k < last_active else rows - 1 for k in range(n_envs)]
-        return _Steps(obs, act, rewards, episode_ends, truncated_steps, truncated_obs, ep_return, ep_length,
+        return _Steps(obs, act, policy_out, rewards, episode_ends, truncated_steps, truncated_obs, ep_return, ep_length,
                       ep_returns, ep_lengths, steps_of_env, values)
 
     def _bootstrap(self, steps: _Steps, env_obs: list[np.ndarray],

@@ -81,13 +81,15 @@ class TRPO:
 
     def update(
         self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray,
-        behavior_logp: np.ndarray | None = None,
+        behavior_logp: np.ndarray | None = None, old_logp: np.ndarray | None = None,
     ) -> dict[str, float]:
         """One TRPO update on a gathered batch of N rows, then obs_rms merges obs (vectors).
 
         obs (N, obs_dim) float32 RAW observations; act (N, act_dim) float32 or (N,) int64; adv (N,) GAE
         advantages, not yet normalized; ret (N,) value targets in return units; behavior_logp (N,) float64: the
         log-probabilities of the policy that acted when it is older than the current one (weight_for_policy_lag).
+        old_logp is not used: the KL of the trust region needs the policy's parameters over the batch, and the
+        pass that finds them gives the log-probabilities too.
         Returns floats: pi_loss (-surrogate after the step), v_loss (mean over value steps), entropy and kl
         (mean KL(old || new)) over the batch after the step, backtracks (line search shrinks; backtrack_iters
         when no step was accepted), explained_var (of the workers' values).

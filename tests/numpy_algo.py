@@ -26,8 +26,9 @@ class ObsNormOnly:
         self.updates = np.zeros(1)  # (1,) updates done
 
     def update(self, obs: np.ndarray, act: np.ndarray, adv: np.ndarray, ret: np.ndarray,
-               behavior_logp: np.ndarray | None = None) -> dict[str, float]:
-        """obs (N, obs_dim) into obs_rms; returns the mean of adv (N,), one sampled ret (N,), lr and updates."""
+               behavior_logp: np.ndarray | None = None, old_logp: np.ndarray | None = None) -> dict[str, float]:
+        """obs (N, obs_dim) into obs_rms (the log-probabilities are not used); returns the mean of adv (N,), one
+        sampled ret (N,), lr and updates."""
         self.ac.obs_rms.update(obs)
         self.updates += 1
         return {"adv_mean": float(adv.mean()), "ret_sample": float(ret[self.rng.integers(len(ret))]),

@@ -193,6 +193,10 @@ def test_numpy_actor_log_prob_equals_the_learners(space):
     from_numpy = actor.log_prob(raw, act)
     assert from_numpy.shape == (50,) and from_numpy.dtype == np.float64
     np.testing.assert_allclose(from_numpy, from_tf, rtol=1e-5, atol=1e-5)
+    # A rollout's form: the policy's outputs kept while acting give the same log-probabilities, without a pass.
+    outputs = np.empty((50, actor.n_outputs), np.float32)
+    sampled = actor.act_with_noise(raw, actor.exploration_noise(np.random.default_rng(7), 50), outputs=outputs)
+    np.testing.assert_array_equal(actor.log_prob_of(outputs, sampled), actor.log_prob(raw, sampled))
 
 
 def test_log_prob_entropy_kl_box():
@@ -335,9 +339,11 @@ def test_image_policies_worker_state_and_actor_agree_with_the_learner(obs, space
                                ac.log_prob(tf.constant(images), tf.constant(act)).numpy(), rtol=1e-6)
     if shared_torso:  # a rollout's step: actions and values from one pass of the torso, as the two calls give them
         noise = actor.exploration_noise(np.random.default_rng(2), 7)
-        actions, values = actor.act_and_value_with_noise(images, noise)
+        outputs = np.empty((7, actor.n_outputs), np.float32)
+        actions, values = actor.act_and_value_with_noise(images, noise, outputs=outputs)
         np.testing.assert_array_equal(actions, actor.act_with_noise(images, noise))
         np.testing.assert_array_equal(values, actor.value(images))
+        np.testing.assert_array_equal(actor.log_prob_of(outputs, actions), actor.log_prob(images, actions))
     other_layout = "separate" if shared_torso else "one shared"
     with pytest.raises(ValueError, match=f"do not fit a policy .* and {other_layout}"):
         NumpyActor.from_ac_state(learner, (64, 64), obs, action_spec(space), not shared_torso)

@@ -84,6 +84,26 @@ def test_target_kl_stops_epochs_early():
     assert update(ppo, batch)["epochs"] < 10
 
 
+def test_an_update_given_the_workers_log_probabilities_runs_no_pass_of_its_own_and_learns_the_same():
+    # train.py's synchronous loop hands PPO the log-probabilities the workers found while acting with the policy
+    # about to learn; the update must not run its own pass of the batch for them, and must take the same steps to
+    # float32 rounding. Given an older policy's (--policy_lag 1) as well, it refuses.
+    ac, ppo = make_learner(0)
+    (batch,) = cartpole_batches(ac, 1)
+    twin_ac, twin = make_learner(0)
+    given = ppo.update(batch["obs"], batch["act"], batch["adv"], batch["ret"], old_logp=batch["logp"])
+    assert ppo._old_log_prob.experimental_get_tracing_count() == 0
+    found = update(twin, batch)
+    assert twin._old_log_prob.experimental_get_tracing_count() == 1
+    assert given["epochs"] == found["epochs"]
+    for key in ("pi_loss", "v_loss", "entropy", "kl", "clip_frac"):
+        np.testing.assert_allclose(given[key], found[key], rtol=1e-3, atol=1e-6, err_msg=key)
+    for a, b in zip(ac.variables(), twin_ac.variables(), strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="give one"):
+        ppo.update(batch["obs"], batch["act"], batch["adv"], batch["ret"], batch["logp"], old_logp=batch["logp"])
+
+
 def test_learns_cartpole():
     start = time.monotonic()
     ac, ppo = make_learner(0)

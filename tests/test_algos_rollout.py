@@ -88,6 +88,9 @@ def test_cartpole_discrete_terminations():
         assert batch["act"].shape == (100,) and batch["act"].dtype == np.int64
         assert batch["adv"].dtype == batch["ret"].dtype == np.float32
         np.testing.assert_array_equal(batch["act"], rec.actions[first : first + 100])
+        # The actions' log-probabilities under the actor that sampled them: PPO's update uses them as its own.
+        assert batch["logp"].shape == (100,) and batch["logp"].dtype == np.float64
+        np.testing.assert_allclose(batch["logp"], actor.log_prob(batch["obs"], batch["act"]), rtol=1e-6, atol=1e-6)
         adv, ret = expected_adv_ret(rec, first, batch["obs"], actor)
         np.testing.assert_allclose(batch["adv"], adv, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(batch["ret"], ret, rtol=1e-5, atol=1e-5)
@@ -203,6 +206,7 @@ def test_several_envs_step_in_lockstep_and_each_gets_its_own_gae():
     first = [0, 0, 0]
     for batch, _ in collected:
         assert batch["obs"].shape == (301, 3) and batch["act"].shape == (301, 1)
+        np.testing.assert_allclose(batch["logp"], actor.log_prob(batch["obs"], batch["act"]), rtol=1e-6, atol=1e-6)
         row = 0
         for k, n in enumerate([101, 100, 100]):  # env 0's rows first, then env 1's, then env 2's
             rows = slice(row, row + n)

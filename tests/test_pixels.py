@@ -49,6 +49,7 @@ def test_images_travel_as_uint8_from_the_rollout():
     assert batch["obs"].dtype == np.uint8 and batch["obs"].shape == (64, 10, 10, 4)
     assert batch["act"].dtype == np.int64 and batch["act"].shape == (64,)
     assert batch["obs"].max() == 1 and np.isfinite(batch["adv"]).all()
+    np.testing.assert_allclose(batch["logp"], actor.log_prob(batch["obs"], batch["act"]), rtol=1e-6, atol=1e-6)
 
 
 # PPO end to end; every algorithm's image update resumes bit for bit in test_algos_registry.

@@ -165,10 +165,10 @@ class Learner:
         self.pending = (batch, episodes, behavior_logp)
         counters.collect_done = counters.budget_spent(self.config, len(batch["adv"]), len(episodes["ep_return"]))
 
-    def behavior_logp(self, actor: NumpyActor, batch: dict) -> np.ndarray | None:
+    def behavior_logp(self, batch: dict) -> np.ndarray | None:
         """Under --policy_lag 1, (N,) log-probabilities of the batch's actions under the policy that acted (one update
-        older than the one that learns from them); None otherwise."""
-        return actor.log_prob(batch["obs"], batch["act"]) if self.config.policy_lag else None
+        older than the one that learns from them), as the workers found them; None otherwise."""
+        return batch["logp"] if self.config.policy_lag else None
 
     def update_due(self, before_rollout: bool) -> bool:
         """Whether the update comes at this point of the iteration: under --policy_lag 1 before the rollout, on the
@@ -189,7 +189,9 @@ class Learner:
             self.algo.set_learning_rate(config.lr * budget_left)
         if "clip_schedule" in self.spec.defaults and config.clip_schedule == "linear":
             self.algo.set_clip_ratio(config.clip_ratio * budget_left)
-        stats = self.algo.update(batch["obs"], batch["act"], batch["adv"], batch["ret"], behavior_logp)
+        # Without --policy_lag the workers acted with the policy about to learn: their log-probabilities are its.
+        stats = self.algo.update(batch["obs"], batch["act"], batch["adv"], batch["ret"], behavior_logp,
+                                 old_logp=batch["logp"] if behavior_logp is None else None)
         if not all(np.isfinite(as_numpy(v)).all() for v in self.ac.broadcast_state()):
             # Stopped before the broadcast and the next checkpoint, so the last good checkpoint stays the newest.
             mpi_util.abort(f"train.py: error: the update of iteration {counters.iteration + 1} made the weights "
