@@ -108,8 +108,9 @@ class PPO:
         if old_logp is None:
             old_logp = self._old_log_prob(batch.obs, batch.act)
         elif behavior_logp is None:
-            # The pass it saves was 7% of an update of Atari's Nature CNN (benchmarks/README.md, "The update's
-            # passes of the batch"); the workers' float64 figures agree with it to float32 rounding.
+            # The workers' float64 figures agree with this policy's to float32 rounding. Without this pass and the
+            # one after the update (below), a Pong update took 1.53 s instead of 1.83 (benchmarks/README.md, "The
+            # update's passes of the batch").
             old_logp = tf.constant(old_logp, dtype=tf.float32)
         else:
             raise ValueError("PPO.update: old_logp is the current policy's, behavior_logp an older one's; give one")
@@ -135,9 +136,8 @@ class PPO:
             "pi_loss": float(pi_loss),
             "v_loss": float(v_loss),
             "entropy": float(entropy),
-            # The estimate the early stop reads, not an exact KL from a pass of the batch after the update: on
-            # Atari's Nature CNN that pass was 7% of the update (benchmarks/README.md, "The update's passes of the
-            # batch").
+            # The estimate the early stop reads, not an exact KL from a pass of the batch after the update (the
+            # peers' figure too; the pass cost as much as the one before it, above).
             "kl": float(approx_kl),
             "clip_frac": float(clip_frac),
             "epochs": float(epochs),

@@ -364,6 +364,20 @@ FIGURES = [
     ("training.md", "(1.04-1.15x the steps/s,", "speed_pong_one_pass/results.md",
      ["| one_pass | 2 | 7.5 | 1,020 | 165 | 1,185 | 433 | 41.6 | 0.62 | 1.72 | 0.98, 0.84, 1.05 | 0.98, 0.98, 0.98 | "
       "1.04, 1.05, 1.15 |"]),
+    ("training.md", "1.10-1.19x the steps/s with 0.87x rank 0's memory", "speed_pong_passes/results.md",
+     ["| passes | 2 | 8.0 | 870 | 166 | 1,036 | 458 | 90.2 | 0.66 | 1.53 | 0.61, 0.82, 1.10 | 0.87, 0.87, 0.87 | "
+      "1.19, 1.17, 1.10 |"]),
+    ("training.md", "1.32-1.36x the CleanRL-style PPO's", "peers_pong_passes/results.md",
+     ["steps/s after the warm-up: median **1.34x** over 2 repeat(s) (1.32x, 1.36x)"]),
+    ("training.md", "Walker2d no slower, `benchmarks/results/speed_walker2d_passes/results.md`",
+     "speed_walker2d_passes/results.md",
+     ["| before_360e151 | 2 | 5.3 | 623 | 90 | 712 | 4,783 |", "| passes | 2 | 5.2 | 621 | 90 | 712 | 4,713 | 28.2 | "
+      "0.26 | 0.15 | 0.39, 1.15, 1.00, 0.98, 1.13, 0.92, 0.78 | 1.00, 1.00, 1.00, 1.00, 1.00, 1.00, 1.00 | "
+      "1.02, 1.05, 0.82, 1.04, 1.13, 1.00, 1.28 |"]),
+    ("../README.md", "CleanRL-style PPO 302, 324: train.py 1.32-1.36x", "peers_pong_passes/results.md",
+     ["| 1 | 0 | train.py --nprocs 2 | 397 |", "| 2 | 0 | train.py --nprocs 2 | 440 |",
+      "| 1 | 0 | CleanRL-style PPO, 8 envs, torch 2 thread(s) | 302 |",
+      "| 2 | 0 | CleanRL-style PPO, 8 envs, torch 2 thread(s) | 324 |"]),
     ("training.md", "1.25-1.28x the CleanRL-style PPO's on a Zen 4", "peers_pong_one_pass/results.md",
      ["steps/s after the warm-up: median **1.26x** over 2 repeat(s) (1.28x, 1.25x)"]),
     ("training.md", "1.31-1.43x the steps/s of a CleanRL-style torch PPO with one torso and 1.41-1.69x",
