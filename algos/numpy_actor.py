@@ -350,7 +350,7 @@ class NumpyActor:
         """log_prob() from the policy's outputs (N, n_outputs), as act_with_noise() writes them: (N,) float64."""
         out = policy_out.astype(np.float64)
         if self.std is None:
-            act = np.asarray(act).reshape(len(out), -1)
+            act = np.asarray(act).reshape(len(out), len(self.action.nvec))  # (N,) for one categorical
             total = np.zeros(len(out))
             for i, segment in enumerate(self._segments(out)):
                 shifted = segment - segment.max(axis=1, keepdims=True)

@@ -164,10 +164,23 @@ def test_zero_steps_gives_empty_arrays_and_keeps_the_episode():
     worker.collect(5, actor, np.random.default_rng(0))
     batch, episodes = worker.collect(0, actor, np.random.default_rng(0))
     assert batch["obs"].shape == (0, 3) and batch["act"].shape == (0, 1)
-    assert batch["adv"].shape == batch["ret"].shape == (0,) and episodes["ep_length"].shape == (0,)
+    assert batch["adv"].shape == batch["ret"].shape == batch["logp"].shape == (0,)
+    assert episodes["ep_length"].shape == (0,)
     worker.collect(194, actor, np.random.default_rng(0))
     _, episodes = worker.collect(1, actor, np.random.default_rng(0))
     assert list(episodes["ep_length"]) == [200]
+
+
+@pytest.mark.parametrize("space", [gymnasium.spaces.Discrete(2), gymnasium.spaces.MultiDiscrete([2, 3])],
+                         ids=["discrete", "multidiscrete"])
+def test_zero_steps_of_categorical_actions_give_empty_arrays(space):
+    # A rank whose share of a shared budget is 0 steps collects nothing, whatever the actions.
+    env = gymnasium.make("CartPole-v1")
+    env.action_space = space
+    worker = RolloutWorker(env, seed=0, gamma=GAMMA, lam=LAM)
+    batch, _ = worker.collect(0, make_actor(env), np.random.default_rng(0))
+    assert batch["act"].shape == (0, *space.shape)
+    assert batch["logp"].shape == (0,) and batch["logp"].dtype == np.float64
 
 
 @pytest.mark.parametrize("n_envs", [1, 2])
