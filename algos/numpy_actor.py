@@ -298,20 +298,14 @@ class NumpyActor:
         """act() with its noise given: raw_obs (N, *obs shape), noise (N, ...) rows of exploration_noise(). Writes
         the actions into out (act()'s shapes) when given, and returns them. outputs (N, n_outputs) float32, when
         given, receives the policy's outputs, from which log_prob_of() gives the actions' log-probabilities."""
-        policy_out = self._forward(self.pi_weights, raw_obs)
-        if outputs is not None:
-            outputs[...] = policy_out
-        return self._sample(policy_out, noise, out)
+        return self._sample(self._forward(self.pi_weights, raw_obs), noise, out, outputs)
 
     def act_and_value_with_noise(self, raw_obs: np.ndarray, noise: np.ndarray, out: np.ndarray | None = None,
                                  outputs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """act_with_noise() and value() of raw_obs (N, *obs shape) from one pass of the shared torso: (actions as
         act_with_noise gives them, (N,) float32 values in return units). Only for an actor with torso_weights."""
         features = numpy_cnn_torso(self.torso_weights, raw_obs, self.obs)
-        policy_out = linear(self.pi_weights, features)
-        if outputs is not None:
-            outputs[...] = policy_out
-        actions = self._sample(policy_out, noise, out)
+        actions = self._sample(linear(self.pi_weights, features), noise, out, outputs)
         return actions, self._return_units(linear(self.v_weights, features)[:, 0])
 
     @property
@@ -319,8 +313,12 @@ class NumpyActor:
         """The policy network's outputs per row: the Gaussian's means (act_dim) or every categorical's logits."""
         return self.pi_weights[-1].shape[0]
 
-    def _sample(self, policy_out: np.ndarray, noise: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-        """The actions of the policy's outputs (N, n_outputs) with noise from exploration_noise()."""
+    def _sample(self, policy_out: np.ndarray, noise: np.ndarray, out: np.ndarray | None,
+                outputs: np.ndarray | None = None) -> np.ndarray:
+        """The actions of the policy's outputs (N, n_outputs) with noise from exploration_noise(); copies the outputs
+        into ``outputs`` when given."""
+        if outputs is not None:
+            outputs[...] = policy_out
         if self.std is None:
             return self._choices(policy_out + noise, out)
         return np.add(policy_out, noise, out=out)
