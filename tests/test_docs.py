@@ -374,6 +374,12 @@ FIGURES = [
      ["| before_360e151 | 2 | 5.3 | 623 | 90 | 712 | 4,783 |", "| passes | 2 | 5.2 | 621 | 90 | 712 | 4,713 | 28.2 | "
       "0.26 | 0.15 | 0.39, 1.15, 1.00, 0.98, 1.13, 0.92, 0.78 | 1.00, 1.00, 1.00, 1.00, 1.00, 1.00, 1.00 | "
       "1.02, 1.05, 0.82, 1.04, 1.13, 1.00, 1.28 |"]),
+    *[(page, figure, f"learning_breakout_passes_seed{seed}/results.md",
+       [f"| 1 | {seed} | train.py --nprocs 2 |", f"| {score} |",
+        f"501760 steps per run on ALE/Breakout-v5, seed {seed}"])
+      for page, figure in (("training.md", "4.1, 11.3, 12.2, 7.1, 9.7 and 9.5 for seeds 0-5"),
+                           ("../README.md", "seeds 0-5: mean **9.0** (4.1 to 12.2)"))
+      for seed, score in ((0, "4.1 (37)"), (5, "9.5 (23)"))],
     ("../README.md", "CleanRL-style PPO 302, 324: train.py 1.32-1.36x", "peers_pong_passes/results.md",
      ["| 1 | 0 | train.py --nprocs 2 | 397 |", "| 2 | 0 | train.py --nprocs 2 | 440 |",
       "| 1 | 0 | CleanRL-style PPO, 8 envs, torch 2 thread(s) | 302 |",
@@ -624,6 +630,26 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
         low, high = min(scores.values()), max(scores.values())
         summary = f"{bold}{statistics.mean(scores.values()):.1f}{bold} ({low:.1f} to {high:.1f})"
         assert f"seeds 0-{len(scores) - 1} |" in readme and f"mean {summary}" in readme, summary
+    # Since PPO's update runs no pass of the batch besides its minibatch steps: the seeds run so far, against the
+    # update before and the peer on the same seeds, in the README, docs/training.md and benchmarks/README.
+    passes = seed_scores([path.name for path in RESULTS.glob("learning_breakout_passes_seed*")], "train.py")
+    last = len(passes) - 1
+    assert sorted(passes) == list(range(last + 1)), passes
+    before, peer_same = ({seed: scores[seed] for seed in passes} for scores in (reference, peer))
+    means = [f"{statistics.mean(scores.values()):.1f}" for scores in (passes, before, peer_same)]
+    low, high = min(passes.values()), max(passes.values())
+    assert (f"seeds 0-{last}: mean **{means[0]}** ({low:.1f} to {high:.1f}), the update before {means[1]} on them"
+            in readme and f"seeds 0-{last}, {means[2]} |" in readme), means
+    assert (f"for seeds 0-{last} (mean {means[0]}), against {means[1]} for the update before and {means[2]} for the "
+            "CleanRL-style PPO on the same seeds") in one_line(training), means
+    differences = [passes[seed] - reference[seed] for seed in passes]
+    paired = f"{statistics.mean(differences):.1f} above the update before on average (standard error " \
+             f"{statistics.stdev(differences) / len(differences) ** 0.5:.1f})"
+    assert paired in one_line(training), paired
+    table = [f"| {' | '.join(f'{scores[seed]:.1f}' for seed in sorted(passes))} | {bold}{mean}{bold} |"
+             for scores, mean, bold in zip((passes, before, peer_same), means, ("**", "", ""), strict=True)]
+    benchmarks_readme = (REPO / "benchmarks" / "README.md").read_text()
+    assert all(row in benchmarks_readme for row in table), table
     # Space Invaders and Seaquest: the 25-iteration windows in which train.py's game score was above the peer's.
     for game, name in (("Space Invaders", "learning_spaceinvaders"), ("Seaquest", "learning_seaquest")):
         windows = re.findall(r"^\| [\d,]+-[\d,]+ \| ([\d.]+) \(\d+\) \| ([\d.]+) \(\d+\) \|$",
