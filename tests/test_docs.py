@@ -546,6 +546,12 @@ def runs_rows(name: str) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def mean_and_range(scores: dict[int, float], bold: str = "") -> str:
+    """The README's summary of {seed: score}: "**9.0** (6.6 to 10.7)" with bold "**"."""
+    values = scores.values()
+    return f"{bold}{statistics.mean(values):.1f}{bold} ({min(values):.1f} to {max(values):.1f})"
+
+
 def seed_scores(names: list[str], system: str) -> dict[int, float]:
     """{seed: final mean return} of the runs in those results directories whose system starts with ``system``."""
     return {int(row["seed"]): float(row["mean_return"])
@@ -630,8 +636,7 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     # The README's pixels table: both systems' means and ranges over those seeds.
     readme = (REPO / "README.md").read_text()
     for scores, bold in ((reference, "**"), (peer, "")):
-        low, high = min(scores.values()), max(scores.values())
-        summary = f"{bold}{statistics.mean(scores.values()):.1f}{bold} ({low:.1f} to {high:.1f})"
+        summary = mean_and_range(scores, bold)
         assert f"seeds 0-{len(scores) - 1} |" in readme and f"mean {summary}" in readme, summary
     # Since PPO's update runs no pass of the batch besides its minibatch steps: the seeds run so far, against the
     # update before and the peer on the same seeds, in the README, docs/training.md and benchmarks/README.
@@ -640,12 +645,11 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     assert sorted(passes) == list(range(last + 1)), passes
     before, peer_same = ({seed: scores[seed] for seed in passes} for scores in (reference, peer))
     means = [f"{statistics.mean(scores.values()):.1f}" for scores in (passes, before, peer_same)]
-    low, high = min(passes.values()), max(passes.values())
-    assert (f"seeds 0-{last}: mean **{means[0]}** ({low:.1f} to {high:.1f}), the update before {means[1]} on them"
-            in readme and f"seeds 0-{last}, {means[2]} |" in readme), means
+    assert (f"seeds 0-{last}: mean {mean_and_range(passes, '**')}, the update before {means[1]} on them" in readme
+            and f"seeds 0-{last}, {means[2]} |" in readme), means
     assert (f"for seeds 0-{last} (mean {means[0]}), against {means[1]} for the update before and {means[2]} for the "
             "CleanRL-style PPO on the same seeds") in one_line(training), means
-    differences = [passes[seed] - reference[seed] for seed in passes]
+    differences = [passes[seed] - before[seed] for seed in passes]
     paired = f"{statistics.mean(differences):.1f} above the update before on average (standard error " \
              f"{statistics.stdev(differences) / len(differences) ** 0.5:.1f})"
     assert paired in one_line(training), paired
