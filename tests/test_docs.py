@@ -279,12 +279,7 @@ FIGURES = [
     ("sb3.md", "mean score over the last 100 games was 4.3 after 163,840 steps", "sb3_atari/run.md",
      ["163840 steps, mean score of the last 100 games 4.3"]),
     ("sb3.md", "random play scores 1.6 over 100 games", "sb3_atari/run.md", ["scored 1.62 on average"]),
-    ("training.md", "7.1 at `--nprocs 2` and 10.1 at `--nprocs 4` (means of seeds 0-2), against 9.7 for "
-     "stable-baselines3 PPO with the same network (seeds 1-2), at 3.81-4.19x its steps/s",
-     "peers_minatar_shared/results.md",
-     ["train.py --nprocs 2: final mean return 7.13 over 3 run(s)", "train.py --nprocs 4: final mean return 10.14",
-      "stable-baselines3 PPO, 1 env, torch 2 thread(s): final mean return 9.73 over 2 run(s)", "(4.19x, 3.81x)"]),
-    ("training.md", "`benchmarks/results/peers_minatar_two_cnns/results.md` (13.1 at `--nprocs 2`)",
+    ("training.md", "`benchmarks/results/peers_minatar_two_cnns/results.md`",
      "peers_minatar_two_cnns/results.md",
      ["train.py --nprocs 2: final mean return 13.09 over 3 run(s) (11.47, 12.83, 14.96)"]),
     ("training.md", "`benchmarks/results/peers_minatar_two_cnns_4/results.md`", "peers_minatar_two_cnns_4/results.md",
@@ -304,8 +299,6 @@ FIGURES = [
     ("training.md", "a Pong iteration's rollout 0.75 s against 0.92 by im2col", "speed_pong_blocks/results.md",
      ["| im2col | 2 | 13.1 | 1,083 | 166 | 1,249 | 326 | 0.92 |",
       "| blocks | 2 | 10.6 | 1,086 | 165 | 1,251 | 364 | 0.75 |"]),
-    ("training.md", "at 2.06x its steps/s", "peers_minatar/results.md",
-     ["steps/s after the warm-up: median **2.06x** over 3 repeat(s)"]),
     ("training.md", "ran 538 steps/s against 376", "speed_pong_bfloat16/results.md",
      ["| float32 | 2 | 12.2 | 1,078 | 168 | 1,246 | 376 |", "| bfloat16 | 2 | 10.6 | 1,071 | 165 | 1,237 | 538 |"]),
     ("training.md", "took 0.55-0.77x the update time of float32", "precision_pong/results.md",
@@ -353,136 +346,44 @@ FIGURES = [
     ("../README.md", "iteration's mean return was 568.0 on a Zen 3", "machine_dependence_zen3/results.md",
      ["| this machine | `(none)` | yes | | 568.0 |", "| again | `(none)` | yes | | 568.0 |",
       "| oneDNN on | `TF_ENABLE_ONEDNN_OPTS=1` | no | 1 | 719.5 |"]),
-    ("training.md", "2.49x on the Intel one", "peers_minatar_seeds3_5/results.md",
-     ["steps/s after the warm-up: median **2.49x** over 3 repeat(s)"]),
     ("training.md", "Atari runs at 381-458 steps/s", "scaling_pong/results.md",
      ["| 1 | 381 | 546 |", "| 2 | 458 | 1,040 |", "| 8 | 425 | nan |"]),
-    ("training.md", "and 3.67-4.08x (median 4.04x) since the", "speed_pong_b7a3e89_bcbb90c/results.md",
+    ("training.md", "the current code runs 3.67-4.08x (median 4.04x) the steps/s",
+     "speed_pong_b7a3e89_bcbb90c/results.md",
      ["| main_b7a3e89 | 2 | 22.5 | 1,300 | 180 | 1,480 | 92 |",
       "| now_bcbb90c | 2 | 10.0 | 870 | 172 | 1,041 | 370 | 67.1 | 0.88 | 1.86 |", "| 4.04, 3.67, 4.08 |"]),
-    ("training.md", "3.45-3.64x what the code before", "speed_pong/results.md",
-     ["| new | 2 | 9.2 | 1,168 | 165 | 1,333 | 419 | 0.64 | 1.78 | 0.55, 0.59 | 0.87, 0.86 | 3.64, 3.45 |"]),
-    ("training.md", "Rank 0's update is 61-72% of an iteration", "scaling_pong/results.md",
+    ("training.md", "rank 0's update is 61-72% of an iteration", "scaling_pong/results.md",
      ["| 61% |", "| 72% |", "| 67% |"]),
-    ("training.md", "(1.04-1.15x the steps/s,", "speed_pong_one_pass/results.md",
-     ["| one_pass | 2 | 7.5 | 1,020 | 165 | 1,185 | 433 | 41.6 | 0.62 | 1.72 | 0.98, 0.84, 1.05 | 0.98, 0.98, 0.98 | "
-      "1.04, 1.05, 1.15 |"]),
-    ("training.md", "1.10-1.19x the steps/s with 0.87x rank 0's memory", "speed_pong_passes/results.md",
-     ["| passes | 2 | 8.0 | 870 | 166 | 1,036 | 458 | 90.2 | 0.66 | 1.53 | 0.61, 0.82, 1.10 | 0.87, 0.87, 0.87 | "
-      "1.19, 1.17, 1.10 |"]),
     ("training.md", "1.32-1.36x the CleanRL-style PPO's", "peers_pong_passes/results.md",
      ["steps/s after the warm-up: median **1.34x** over 2 repeat(s) (1.32x, 1.36x)"]),
-    ("training.md", "Walker2d no slower, `benchmarks/results/speed_walker2d_passes/results.md`",
-     "speed_walker2d_passes/results.md",
-     ["| before_360e151 | 2 | 5.3 | 623 | 90 | 712 | 4,783 |", "| passes | 2 | 5.2 | 621 | 90 | 712 | 4,713 | 28.2 | "
-      "0.26 | 0.15 | 0.39, 1.15, 1.00, 0.98, 1.13, 0.92, 0.78 | 1.00, 1.00, 1.00, 1.00, 1.00, 1.00, 1.00 | "
-      "1.02, 1.05, 0.82, 1.04, 1.13, 1.00, 1.28 |"]),
     *[(page, figure, f"learning_breakout_passes_seed{seed}/results.md",
        [f"| 1 | {seed} | train.py --nprocs 2 |", f"| {score} |",
         f"501760 steps per run on ALE/Breakout-v5, seed {seed}"])
-      for page, figure in (("training.md", "4.1, 11.3, 12.2, 7.1, 9.7 and 9.5 for seeds 0-5"),
-                           ("../README.md", "seeds 0-5: mean **9.0** (4.1 to 12.2)"))
+      for page, figure in (("../README.md", "seeds 0-5: mean **9.0** (4.1 to 12.2)"),)
       for seed, score in ((0, "4.1 (37)"), (5, "9.5 (23)"))],
     ("../README.md", "CleanRL-style PPO 302, 324: train.py 1.32-1.36x", "peers_pong_passes/results.md",
      ["| 1 | 0 | train.py --nprocs 2 | 397 |", "| 2 | 0 | train.py --nprocs 2 | 440 |",
       "| 1 | 0 | CleanRL-style PPO, 8 envs, torch 2 thread(s) | 302 |",
       "| 2 | 0 | CleanRL-style PPO, 8 envs, torch 2 thread(s) | 324 |"]),
-    ("training.md", "1.25-1.28x the CleanRL-style PPO's on a Zen 4", "peers_pong_one_pass/results.md",
-     ["steps/s after the warm-up: median **1.26x** over 2 repeat(s) (1.28x, 1.25x)"]),
-    ("training.md", "1.31-1.43x the steps/s of a CleanRL-style torch PPO with one torso and 1.41-1.69x",
-     "peers_pong/results.md",
-     ["torch 2 thread(s), steps/s after the warm-up: median **1.37x** over 2 repeat(s) (1.43x, 1.31x)",
-      "steps/s after the warm-up: median **1.55x** over 2 repeat(s) (1.69x, 1.41x)"]),
-    ("training.md", "On a Zen 3 (AVX2, no AVX-512), 1.08-1.29x and 1.22-1.46x", "peers_pong_zen3/results.md",
+    ("training.md", "1.41-1.69x stable-baselines3's", "peers_pong/results.md",
+     ["steps/s after the warm-up: median **1.55x** over 2 repeat(s) (1.69x, 1.41x)"]),
+    ("training.md", "on a Zen 3 (AVX2, no AVX-512), 1.08-1.29x and 1.22-1.46x", "peers_pong_zen3/results.md",
      ["torch 2 thread(s), steps/s after the warm-up: median **1.18x** over 2 repeat(s) (1.29x, 1.08x)",
       "steps/s after the warm-up: median **1.34x** over 2 repeat(s) (1.46x, 1.22x)", ZEN3,
       "| 0.884 | 2.537 |", "| 1.027 | 2.600 |", "| 1.611 | 2.796 |", "| 1.368 | 2.544 |"]),
     ("training.md", "with `--precision bfloat16`, 1.71-1.80x and 2.02-2.04x", "peers_pong_bfloat16/results.md",
      ["torch 2 thread(s), steps/s after the warm-up: median **1.76x** over 2 repeat(s) (1.80x, 1.71x)",
       "steps/s after the warm-up: median **2.03x** over 2 repeat(s) (2.04x, 2.02x)"]),
-    ("training.md", "a game score of 6.6 over the last 10 iterations, against 9.7", "learning_breakout/results.md",
-     ["train.py --nprocs 2: final mean return 6.63 over 1 run(s)",
-      "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 9.67 over 1 run(s)",
-      "501760 steps per run on ALE/Breakout-v5, seed 0"]),
-    ("training.md", "11.8 against the peer's 9.2", "learning_breakout_seed1_cleanrl/results.md",
-     ["CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 9.22 over 1 run(s)",
-      "501760 steps per run on ALE/Breakout-v5, seed 1"]),
-    ("training.md", "11.8 against the peer's 9.2", "learning_breakout_seed1_float32/results.md",
-     ["train.py --nprocs 2 --precision float32: final mean return 11.79 over 1 run(s)",
-      "501760 steps per run on ALE/Breakout-v5, seed 1"]),
-    ("training.md", "9.2 in 1,144 s\n  against the peer's 9.7 in 1,405 s", "learning_breakout_seed2/results.md",
-     ["train.py --nprocs 2: final mean return 9.16 over 1 run(s)",
-      "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 9.67 over 1 run(s)",
-      "| 442 | 442 | 1.00x |", "| 359 | 359 | 0.81x |", "| 1144 |", "| 1405 |",
-      "501760 steps per run on ALE/Breakout-v5, seed 2"]),
-    ("training.md", "8.2 in 1,779 s against the peer's 9.4 in 2,545 s", "learning_breakout_seed3/results.md",
-     ["train.py --nprocs 2: final mean return 8.20 over 1 run(s)",
-      "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 9.45 over 1 run(s)",
-      "| 1779 | 2.31 |", "| 2545 | 1.90 |", ZEN3,
-      "501760 steps per run on ALE/Breakout-v5, seed 3"]),
-    ("training.md", "6.1 in 1,579 s\n  against the peer's 9.4 in 1,962 s", "learning_breakout_seed4/results.md",
-     ["train.py --nprocs 2: final mean return 6.10 over 1 run(s)",
-      "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 9.39 over 1 run(s)",
-      "| 1579 | 1.23 |", "| 1962 | 1.94 |", ZEN3,
-      "501760 steps per run on ALE/Breakout-v5, seed 4"]),
-    *[("training.md", "10.0, 10.7, 8.5, 10.1 and 8.5 for seeds 0-10 (mean 9.0), against",
-       f"learning_breakout_peer_loss_seed{seed}/results.md",
-       [f"train.py --nprocs 2: final mean return {score} over 1 run(s)", code,
-        f"501760 steps per run on ALE/Breakout-v5, seed {seed}", flags])
-      for seed, score, code, flags in ((0, "6.57", "main at 2266261", ZEN3), (1, "10.35", "main at 1641fc0", ZEN4),
-                                       (2, "7.70", "main at 1641fc0", ZEN4), (3, "9.04", "with the patch below", ZEN3),
-                                       (4, "8.80", "main at 2266261", ZEN3), (5, "8.42", "main at 2266261", ZEN3),
-                                       (6, "9.95", "with the patch below", ZEN3), (7, "10.68", "main at 2126592", ZEN4),
-                                       (8, "8.46", "main at 2126592", ZEN4))],
-    *[("training.md",
-       "train.py in 1,219, 1,334, 1,141 and\n  1,123 s against the peer's 1,509, 1,548, 1,458 and 1,454 s",
-       f"learning_breakout_peer_loss_seed{seed}/results.md",
-       [f"CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return {peer} over 1 run(s)", ours_wall, peer_wall])
-      for seed, peer, ours_wall, peer_wall in ((7, "7.92", "| 1219 | 1.19 |", "| 1509 | 2.37 |"),
-                                                (8, "6.76", "| 1334 | 1.96 |", "| 1548 | 2.12 |"))],
-    ("training.md", "10.0, 10.7, 8.5, 10.1 and 8.5 for seeds 0-10 (mean 9.0), against",
-     "learning_breakout_peer_loss_seeds9_10/results.md",
-     ["train.py --nprocs 2: final mean return 9.27 over 2 run(s) (10.05, 8.48)",
-      "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 6.88 over 2 run(s) (3.67, 10.10)",
-      "| 1 | 9 | train.py --nprocs 2 | 442 | 442 | 1.00x | 0.678 | 1.624 | 0.012 | 16 | 10.1 (19) | 1141 | 0.52 "
-      "|",
-      "| 1 | 9 | CleanRL-style PPO, 8 envs, torch 2 thread(s) | 345 | 346 | 0.78x | 1.093 | 1.871 | 0.000 | 16 | "
-      "3.7 (39) | 1458 | 2.09 |",
-      "| 2 | 10 | CleanRL-style PPO, 8 envs, torch 2 thread(s) | 346 | 346 | 0.77x | 1.098 | 1.858 | 0.000 | 16 | "
-      "10.1 (21) | 1454 | 2.02 |",
-      "| 2 | 10 | train.py --nprocs 2 | 450 | 450 | 1.00x | 0.660 | 1.603 | 0.011 | 16 | 8.5 (23) | 1123 | 1.92 "
-      "|",
-      "main at e53ca9f", "seeds 9-10", ZEN4, "| 461,824-486,400 | 9.49 (53) | 3.48 (97) | 9.55 (56) | 8.89 (62) |"]),
-    ("training.md", "seed 6 in 1,861 s, the peer's in 2,247 s", "learning_breakout_seed6/results.md",
-     ["train.py --nprocs 2: final mean return 5.57 over 1 run(s)",
-      "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 9.74 over 1 run(s)",
-      "| 1861 | 0.91 |", "| 2247 | 2.02 |", "501760 steps per run on ALE/Breakout-v5, seed 6",
-      ZEN3]),
-    ("training.md", "5.9 and 5.6 for seeds 0-6 (mean 8.2)", "learning_breakout_seed5/results.md",
-     ["train.py --nprocs 2: final mean return 5.91 over 1 run(s)",
-      "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return 10.90 over 1 run(s)",
-      "| 1929 | 0.72 |", "501760 steps per run on ALE/Breakout-v5, seed 5", ZEN3]),
-    *[("training.md", "seeds 0-6 (mean 8.2)", f"learning_breakout_raw_targets_seed{seed}/results.md",
-       [f"train.py --nprocs 2: final mean return {score} over 1 run(s)", "RAW_RETURNS=1", "bit for bit",
-        f"501760 steps per run on ALE/Breakout-v5, seed {seed}", ZEN3])
-      for seed, score in enumerate(("10.28", "9.95", "9.83", "6.78", "9.29"))],
-    *[("training.md", "for seeds 0-3 (mean 8.9)", f"learning_breakout_vf025_seed{seed}/results.md",
-       [f"train.py --nprocs 2 --vf_coef 0.25: final mean return {score} over 1 run(s)", "config.json: vf_coef 0.25",
-        f"501760 steps per run on ALE/Breakout-v5, seed {seed}", ZEN3])
-      for seed, score in enumerate(("12.32", "9.24", "11.62", "2.26"))],
     ("training.md", "matches the peer's to 1.5e-5 of its largest entry", "update_match/results.md",
      ["## train.py at the Atari defaults", "| network.0.0.bias | (32,) | 0.005595 | 0.005595 | 1.47e-05 | 1.000000 |",
       "| actor.weight | (512, 4) | 0.4516 | 0.4516 | 7.20e-06 | 1.000000 |"]),
-    ("training.md", "the torso's gradient was 1.6x the peer's and the policy head's 0.8x", "update_match/results.md",
-     ["## train.py at --vf_coef 0.5 --value_loss mse --adv_norm batch",
-      "| network.1.weight | (3136, 512) | 0.1624 | 0.2614 | 6.14e-01 | 0.999761 |",
-      "| actor.weight | (512, 4) | 0.4516 | 0.3644 | 1.93e-01 | 1.000000 |"]),
-    ("training.md", "(seed 4 in 1,883 s, the peer's on the same machine in 1,962 s;",
-     "learning_breakout_raw_targets_seed4/results.md", ["| 1883 | 2.02 |"]),
-    ("training.md", "a game score of -20.4 over the last 10 iterations, against -19.9", "learning_pong/results.md",
-     ["train.py --nprocs 2: final mean return -20.40 over 1 run(s)",
-      "CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return -19.92 over 1 run(s)",
+    ("training.md", "against -19.9 for the CleanRL-style PPO in 1,336 s", "learning_pong/results.md",
+     ["CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return -19.92 over 1 run(s)", "| -19.9 (13) | 1336 |",
       "501760 steps per run on ALE/Pong-v5, seed 0"]),
+    *[("training.md", "against 9.9 for stable-baselines3 PPO with the same network over the same seeds",
+       f"{name}/results.md",
+       [f"stable-baselines3 PPO, 1 env, torch 1 thread(s): final mean return {score} over 3 run(s)"])
+      for name, score in (("peers_minatar", "10.43"), ("peers_minatar_seeds3_5", "9.38"))],
     *[("training.md", "scored 9.3, 9.3 and 3.2 for seeds 0-2, seed 2 never leaving random play",
        f"learning_breakout_bfloat16_peer_loss_seed{seed}/results.md",
        [f"train.py --nprocs 2 --precision bfloat16: final mean return {score} over 1 run(s)", "main at 1641fc0",
@@ -495,13 +396,6 @@ FIGURES = [
     ("training.md", "-19.9 over 10 games in 1,154 s", "learning_pong_peer_loss_seed0/results.md",
      ["train.py --nprocs 2: final mean return -19.90 over 1 run(s)", "| -19.9 (10) | 1154 |", "main at 1641fc0",
       "501760 steps per run on ALE/Pong-v5, seed 0", ZEN4]),
-    ("training.md", "-19.5 over 10 games in 1,436 s", "learning_pong_raw_targets/results.md",
-     ["train.py --nprocs 2: final mean return -19.50 over 1 run(s)", "| 1436 | 1.78 |",
-      "501760 steps per run on ALE/Pong-v5, seed 0", ZEN3]),
-    ("training.md", "the CleanRL-style PPO's -19.8 over 11 games in 1,787 s on the same Zen 3",
-     "learning_pong_zen3_cleanrl/results.md",
-     ["CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return -19.82 over 1 run(s)", "| 1787 | 1.13 |",
-      "501760 steps per run on ALE/Pong-v5, seed 0", ZEN3]),
     ("training.md", "-17.4 over the last 10 iterations' 5 games, 3,112 s on the Zen 3",
      "learning_pong_4m_frames/results.md",
      ["train.py --nprocs 2: final mean return -17.40 over 1 run(s)", "| -17.4 (5) | 3112 |",
@@ -527,10 +421,6 @@ FIGURES = [
     ("training.md", "-17.8 over 6 games in 4,610 s", "learning_pong_4m_frames_cleanrl/results.md",
      ["CleanRL-style PPO, 8 envs, torch 2 thread(s): final mean return -17.83 over 1 run(s)", "| -17.8 (6) | 4610 |",
       "1003520 steps per run on ALE/Pong-v5, seed 0", ZEN3]),
-    ("training.md", "the game score was -19.9, against -20.6 for stable-baselines3 at the same frames",
-     "pong_curve/results.md", ["train.py --nprocs 2: final mean return -19.91 over 1 run(s)",
-                               "torch 1 thread(s): final mean return -20.64 over 1 run(s)",
-                               "307200 steps per run on ALE/Pong-v5, seed 0"]),
 ]
 # Cited for something other than a figure: a picture.
 CITED_WITHOUT_FIGURES = {"benchmarks/results/walker2d_play/walker2d_ppo_s5.png"}
@@ -550,6 +440,12 @@ def mean_and_range(scores: dict[int, float], bold: str = "") -> str:
     """The README's summary of {seed: score}: "**9.0** (6.6 to 10.7)" with bold "**"."""
     values = scores.values()
     return f"{bold}{statistics.mean(values):.1f}{bold} ({min(values):.1f} to {max(values):.1f})"
+
+
+def in_words(scores: dict[int, float]) -> str:
+    """Scores by seed as a page lists them: "4.1, 11.3 and 12.2", in the order of the seeds."""
+    listed = [f"{scores[seed]:.1f}" for seed in sorted(scores)]
+    return f"{', '.join(listed[:-1])} and {listed[-1]}"
 
 
 def seed_scores(names: list[str], system: str) -> dict[int, float]:
@@ -588,16 +484,13 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     envs1 = eval_mean_and_std(RESULTS / "learning/runs.csv", "Walker2d-v5", "ppo", 2, range(5))
     training = one_line((REPO / "docs" / "training.md").read_text())
     assert f"eval {envs4} against {envs1} with 1" in training, (envs4, envs1)
-    # Its MinAtar figures: the mean over the 6 seeds of the two MinAtar runs it cites.
+    # Its MinAtar figures: the peer's mean over the 6 seeds of the two MinAtar runs it cites for the peer,
     minatar = {}
     for name in ("peers_minatar", "peers_minatar_seeds3_5"):
         for row in runs_rows(name):
             minatar.setdefault(row["system"].split(",")[0], []).append(float(row["mean_return"]))
     means = {system: f"{sum(returns) / len(returns):.1f}" for system, returns in minatar.items()}
     assert [len(returns) for returns in minatar.values()] == [6, 6, 6], minatar
-    assert (f"the training return was {means['train.py --nprocs 2']} at `--nprocs 2` and "
-            f"{means['train.py --nprocs 4']} at `--nprocs 4` (means of 6 seeds), against "
-            f"{means['stable-baselines3 PPO']} for stable-baselines3") in training, means
     # and the current code's, two CNNs: seeds 0-2 in one run per process count, seeds 3-5 in one run of both.
     current = {}
     for name in ("peers_minatar_two_cnns", "peers_minatar_two_cnns_4", "peers_minatar_two_cnns_seeds3_5"):
@@ -608,31 +501,17 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     assert (f"was {now['train.py --nprocs 2']} at `--nprocs 2` and {now['train.py --nprocs 4']} at `--nprocs 4` "
             f"(means of seeds 0-5 on the current code), against {means['stable-baselines3 PPO']} for "
             "stable-baselines3 PPO with the same network over the same seeds") in training, now
-    # Its Atari Breakout means: train.py float32 (its default) and the CleanRL-style PPO over seeds 0-4.
-    five = ["learning_breakout", "learning_breakout_seed1_float32", "learning_breakout_seed1_cleanrl",
-            "learning_breakout_seed2", "learning_breakout_seed3", "learning_breakout_seed4"]
-    breakout = {"train.py": seed_scores(five, "train.py"), "peer": seed_scores(five, "CleanRL")}
-    assert sum(len(runs_rows(name)) for name in five) == 10, "a row of another system among the five seeds' files"
-    assert {system: sorted(seeds) for system, seeds in breakout.items()} == {"train.py": [0, 1, 2, 3, 4],
-                                                                               "peer": [0, 1, 2, 3, 4]}
-    breakout_means = {system: f"{sum(seeds.values()) / 5:.1f}" for system, seeds in breakout.items()}
-    means_sentence = f"Means of the five seeds: {breakout_means['train.py']} against {breakout_means['peer']}."
-    assert means_sentence in training, breakout_means
-    # and at the Atari defaults since (raw value targets), the seeds run so far: 0-4 alone, 5 and 6 beside the peer.
-    raw = seed_scores([path.name for path in RESULTS.glob("learning_breakout_raw_targets_seed*")]
-                      + ["learning_breakout_seed5", "learning_breakout_seed6"], "train.py")
-    # and with the reference implementations' loss (the Atari default since), the seeds run so far.
+    # Its Atari Breakout scores at the Atari defaults (the reference implementations' loss), seed by seed, and the
+    # CleanRL-style peer's on the same seeds: 0-6 beside the loss before, the later ones beside the reference loss.
     reference_runs = [path.name for path in RESULTS.glob("learning_breakout_peer_loss_seed*")]
     reference = seed_scores(reference_runs, "train.py")
-    for scores in (raw, reference):  # the sentence says "for seeds 0-N": the files hold exactly those seeds
-        assert sorted(scores) == list(range(len(scores))), scores
-        assert f"for seeds 0-{len(scores) - 1} (mean {sum(scores.values()) / len(scores):.1f})" in training, scores
-    # The CleanRL-style peer on the same seeds: 0-6 beside the loss before, the later ones beside the reference loss.
     peer_runs = ["learning_breakout", "learning_breakout_seed1_cleanrl",
                  *[path.name for path in RESULTS.glob("learning_breakout_seed[2-9]")], *reference_runs]
     peer = seed_scores(peer_runs, "CleanRL")
-    assert sorted(peer) == sorted(reference), (peer, reference)
-    assert f"(mean {sum(peer.values()) / len(peer):.1f}) on the same seeds" in training, peer
+    assert sorted(reference) == list(range(len(reference))) and sorted(peer) == sorted(reference), (reference, peer)
+    assert (f"{in_words(reference)} for seeds 0-{len(reference) - 1} (mean {statistics.mean(reference.values()):.1f}),"
+            f" against the CleanRL-style PPO's {in_words(peer)} (mean {statistics.mean(peer.values()):.1f}) on the same"
+            " seeds") in training, (reference, peer)
     # The README's pixels table: both systems' means and ranges over those seeds.
     readme = (REPO / "README.md").read_text()
     for scores, bold in ((reference, "**"), (peer, "")):
@@ -647,8 +526,8 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     means = [f"{statistics.mean(scores.values()):.1f}" for scores in (passes, before, peer_same)]
     assert (f"seeds 0-{last}: mean {mean_and_range(passes, '**')}, the update before {means[1]} on them" in readme
             and f"seeds 0-{last}, {means[2]} |" in readme), means
-    assert (f"for seeds 0-{last} (mean {means[0]}), against {means[1]} for the update before and {means[2]} for the "
-            "CleanRL-style PPO on the same seeds") in one_line(training), means
+    assert (f"{in_words(passes)} for seeds 0-{last} (mean {means[0]}), against {means[1]} for the update before and "
+            f"{means[2]} for the CleanRL-style PPO on the same seeds") in one_line(training), means
     differences = [passes[seed] - before[seed] for seed in passes]
     paired = f"{statistics.mean(differences):.1f} above the update before on average (standard error " \
              f"{statistics.stdev(differences) / len(differences) ** 0.5:.1f})"
