@@ -130,8 +130,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         # update then applies CleanRL's gradient to 1.5e-5 (benchmarks/update_match.py). Breakout after 2M frames,
         # seeds 0-10, scored a mean 9.0 with it (6.6-10.7; seeds 3 and 6 in a copy that also took torch's form of
         # Adam's epsilon) against CleanRL's 8.8 (3.7-10.9), and on seeds 0-6 8.2 with the loss before (0.5 x the mean
-        # squared error, advantages over the batch; 5.6-10.3); the weight alone, seeds 0-3, had scored 12.3, 9.2,
-        # 11.6 and 2.3 against 10.3, 9.9, 9.8 and 6.8 (benchmarks/README.md, section Pixels).
+        # squared error, advantages over the batch; 5.6-10.3) (benchmarks/README.md, section Pixels).
         # MinAtar keeps the generic settings: its Breakout scored 11.6 with them against 4.9 at the Atari settings
         # (--nprocs 2, 500k steps, seeds 0-2; benchmarks/README.md, section Pixels).
         families={"atari": {**_ATARI_BATCH, "lr": 2.5e-4, "epochs": 4, "minibatch_size": 256, "kl_targ": 0.0,
