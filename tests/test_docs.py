@@ -512,6 +512,13 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     assert (f"{in_words(reference)} for seeds 0-{len(reference) - 1} (mean {statistics.mean(reference.values()):.1f}),"
             f" against the CleanRL-style PPO's {in_words(peer)} (mean {statistics.mean(peer.values()):.1f}) on the same"
             " seeds") in training, (reference, peer)
+    # and the Atari loss before it (raw value targets; seeds 0-4 alone, 5 and 6 beside the peer), which the settings
+    # by family compare it with.
+    before_loss = seed_scores([path.name for path in RESULTS.glob("learning_breakout_raw_targets_seed*")]
+                              + ["learning_breakout_seed5", "learning_breakout_seed6"], "train.py")
+    assert sorted(before_loss) == list(range(7)), before_loss
+    assert (f"the loss before scored {statistics.mean(before_loss.values()):.1f} over seeds 0-6 "
+            f"({min(before_loss.values()):.1f}-{max(before_loss.values()):.1f})") in training, before_loss
     # The README's pixels table: both systems' means and ranges over those seeds.
     readme = (REPO / "README.md").read_text()
     for scores, bold in ((reference, "**"), (peer, "")):
