@@ -488,13 +488,9 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     envs1 = eval_mean_and_std(RESULTS / "learning/runs.csv", "Walker2d-v5", "ppo", 2, range(5))
     training = one_line((REPO / "docs" / "training.md").read_text())
     assert f"eval {envs4} against {envs1} with 1" in training, (envs4, envs1)
-    # Its MinAtar figures: the peer's mean over the 6 seeds of the two MinAtar runs it cites for the peer,
-    minatar = {}
-    for name in ("peers_minatar", "peers_minatar_seeds3_5"):
-        for row in runs_rows(name):
-            minatar.setdefault(row["system"].split(",")[0], []).append(float(row["mean_return"]))
-    means = {system: f"{sum(returns) / len(returns):.1f}" for system, returns in minatar.items()}
-    assert [len(returns) for returns in minatar.values()] == [6, 6, 6], minatar
+    # Its MinAtar figures: stable-baselines3's mean over seeds 0-5, from the two runs the page cites for the peer,
+    minatar_peer = seed_scores(["peers_minatar", "peers_minatar_seeds3_5"], "stable-baselines3")
+    assert sorted(minatar_peer) == list(range(6)), minatar_peer
     # and the current code's, two CNNs: seeds 0-2 in one run per process count, seeds 3-5 in one run of both.
     current = {}
     for name in ("peers_minatar_two_cnns", "peers_minatar_two_cnns_4", "peers_minatar_two_cnns_seeds3_5"):
@@ -503,7 +499,7 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     assert [sorted(seeds) for seeds in current.values()] == [list(range(6))] * 2, current
     now = {system: f"{sum(seeds.values()) / 6:.1f}" for system, seeds in current.items()}
     assert (f"was {now['train.py --nprocs 2']} at `--nprocs 2` and {now['train.py --nprocs 4']} at `--nprocs 4` "
-            f"(means of seeds 0-5 on the current code), against {means['stable-baselines3 PPO']} for "
+            f"(means of seeds 0-5 on the current code), against {statistics.mean(minatar_peer.values()):.1f} for "
             "stable-baselines3 PPO with the same network over the same seeds") in training, now
     # Its Atari Breakout scores at the Atari defaults (the reference implementations' loss), seed by seed, and the
     # CleanRL-style peer's on the same seeds: 0-6 beside the loss before, the later ones beside the reference loss.
