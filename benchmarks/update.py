@@ -54,10 +54,11 @@ def turn_off(lever: str) -> None:
 
         algos.ppo.FusedAdam = KerasAdam
     elif lever == "unrolled":
-        def steps(self: Any, obs: Any, act: Any, adv: Any, v_target: Any, old_logp: Any, rows: Any, sums: Any) -> Any:
+        def steps(self: Any, obs: Any, act: Any, adv: Any, v_target: Any, old_value: Any, old_logp: Any, rows: Any,
+                  sums: Any) -> Any:
             mb = self.cfg.minibatch_size
             for start in range(0, int(rows.shape[0]), mb):
-                sums += self._minibatch_step(obs, act, adv, v_target, old_logp, rows[start : start + mb])
+                sums += self._minibatch_step(obs, act, adv, v_target, old_value, old_logp, rows[start : start + mb])
             return sums
 
         algos.ppo.PPO._train_steps_fn = steps
