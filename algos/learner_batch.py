@@ -91,8 +91,9 @@ def minibatch_loop(step: Callable[[tf.Tensor], tf.Tensor], rows: tf.Tensor, mini
 
     A graph loop, one step after the other (parallel_iterations=1: each step reads the weights the one before wrote).
     Unrolled, the steps ran the same ops in the same order, bit for bit, but each traced step cost a tenth of a second
-    or more, once per process: a Walker2d run reached its first iteration after 10.5 s, against 5.5 s with the loop,
-    at the same steps/s afterwards (benchmarks/README.md, section update.py).
+    or more, once per process: a Walker2d run reached its first iteration after 10.5 s, against 5.5 s with the loop.
+    Afterwards the loop ran at the same steps/s on a Zen 4 and at 0.95x on a Zen 3, whose MLP update took 1.43x the
+    unrolled steps' time (benchmarks/README.md, section update.py).
     """
     count = tf.shape(rows)[0]
 
