@@ -243,6 +243,18 @@ def test_the_page_checks_fail_on_a_flattened_list_a_lost_fence_and_an_eaten_tag(
 
 RESULTS = REPO / "benchmarks" / "results"
 CITED = re.compile(r"benchmarks/results/[\w./-]*[\w/]")
+PONG_PEERS = ("train.py --nprocs 2", "CleanRL-style PPO, 8 envs, torch 2 thread(s)",
+              "stable-baselines3 PPO, 8 envs, torch 2 thread(s)")
+"""peers.py's names of the three systems of the Pong peers runs, in the README's order."""
+
+
+def steps_by_repeat(steps_per_s: tuple[tuple[int, ...], ...]) -> list[str]:
+    """peers.py's table rows "| repeat | seed 0 | system | steps/s |" for each of PONG_PEERS' systems, whose steps/s
+    in repeats 1, 2, ... are the matching tuple of ``steps_per_s``."""
+    return [f"| {repeat} | 0 | {system} | {steps} |" for system, figures in zip(PONG_PEERS, steps_per_s, strict=True)
+            for repeat, steps in enumerate(figures, 1)]
+
+
 # Figures the guides quote from a results file they cite: (page, the figure as the page words it, the file under
 # benchmarks/results/, the lines of that file it comes from). Whitespace is compared as one space.
 # The CPU flags a results file records for the two kinds of VM its figures came from: Zen 3 (AVX2) and Zen 4 (AVX-512).
@@ -370,18 +382,12 @@ FIGURES = [
      ["torch 2 thread(s), steps/s after the warm-up: median **1.38x** over 3 repeat(s) (1.38x, 1.35x, 1.45x)",
       "torch 2 thread(s), steps/s after the warm-up: median **1.60x** over 3 repeat(s) (1.61x, 1.53x, 1.60x)", ZEN3]),
     ("../README.md", "| 367, 425, 420 (the peer's arithmetic", "peers_pong/results.md",
-     [*(f"| {repeat} | 0 | {system} | {steps} |" for system, figures in (
-         ("train.py --nprocs 2", (367, 425, 420)), ("CleanRL-style PPO, 8 envs, torch 2 thread(s)", (314, 312, 281)),
-         ("stable-baselines3 PPO, 8 envs, torch 2 thread(s)", (279, 248, 240)))
-        for repeat, steps in enumerate(figures, 1)), ZEN4]),
+     [*steps_by_repeat(((367, 425, 420), (314, 312, 281), (279, 248, 240))), ZEN4]),
     ("../README.md", "CleanRL-style PPO 314, 312, 281 (1.17-1.49x, median 1.36x); stable-baselines3 PPO 279, 248, 240 "
      "(1.32-1.75x, median 1.71x) |", "peers_pong/results.md", [ZEN4]),
     ("../README.md", "| 427, 422, 437 | CleanRL-style PPO 309, 313, 302 (1.35-1.45x, median 1.38x); "
      "stable-baselines3 PPO 264, 276, 273 (1.53-1.61x, median 1.60x) |", "peers_pong_zen3/results.md",
-     [*(f"| {repeat} | 0 | {system} | {steps} |" for system, figures in (
-         ("train.py --nprocs 2", (427, 422, 437)), ("CleanRL-style PPO, 8 envs, torch 2 thread(s)", (309, 313, 302)),
-         ("stable-baselines3 PPO, 8 envs, torch 2 thread(s)", (264, 276, 273)))
-        for repeat, steps in enumerate(figures, 1)), ZEN3]),
+     [*steps_by_repeat(((427, 422, 437), (309, 313, 302), (264, 276, 273))), ZEN3]),
     ("training.md", "3.90-4.32x (median 4.01x)\n  on a Zen 3", "speed_pong_zen3/results.md",
      ["| main_b7a3e89 | 2 | 18.3 | 1,339 | 188 | 1,527 | 99 |", "| 3.90, 4.01, 4.32 |", ZEN3]),
     ("training.md", "before the update's last two speed-ups, 1.71-1.80x and 2.02-2.04x",
