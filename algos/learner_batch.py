@@ -87,20 +87,24 @@ def epoch_means(steps: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], perm: np.nda
 def minibatch_loop(step: Callable[[tf.Tensor], tf.Tensor], rows: tf.Tensor, minibatch_size: int,
                    sums: tf.Tensor) -> tf.Tensor:
     """``sums`` plus ``step(idx)`` for each run idx of minibatch_size rows of ``rows`` (M,), in order (the last run may
-    be short); call it while a graph_function is traced.
+    be short); call it while a graph_function is traced, with M known (a call's rows are a constant).
 
-    A graph loop, one step after the other (parallel_iterations=1: each step reads the weights the one before wrote).
-    Unrolled, the steps ran the same ops in the same order, bit for bit, but each traced step cost a tenth of a second
-    or more, once per process: a Walker2d run reached its first iteration after 10.5 s, against 5.5 s with the loop.
-    Afterwards the loop ran at the same steps/s on a Zen 4 and at 0.95x on a Zen 3, whose MLP update took 1.43x the
-    unrolled steps' time (benchmarks/README.md, section update.py).
+    The full runs are a graph loop, one step after the other (parallel_iterations=1: each step reads the weights the
+    one before wrote); a short last run is one more step after it. Unrolled, the steps ran the same ops in the same
+    order, bit for bit, but each traced step cost a tenth of a second or more, once per process: a Walker2d run reached
+    its first iteration after 10.5 s, against 5.5 s with the loop. Each run is cut by tf.slice, whose size is a
+    constant, so the step inside the loop has the static shapes of the unrolled one (a slice rows[start:start + size]
+    would have none, and every broadcast's gradient would then work out its shapes at run time).
     """
-    count = tf.shape(rows)[0]
+    count = int(rows.shape[0])
+    full_rows = count - count % minibatch_size
 
     def body(start: tf.Tensor, sums: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        return start + minibatch_size, sums + step(rows[start : start + minibatch_size])
+        return start + minibatch_size, sums + step(tf.slice(rows, [start], [minibatch_size]))
 
-    _, sums = tf.while_loop(lambda start, _: start < count, body, [tf.constant(0), sums], parallel_iterations=1)
+    _, sums = tf.while_loop(lambda start, _: start < full_rows, body, [tf.constant(0), sums], parallel_iterations=1)
+    if full_rows < count:
+        sums = sums + step(rows[full_rows:])
     return sums
 
 
