@@ -13,7 +13,9 @@ Every variant runs in its own process: Walker2d-v5's ActorCritic, PPO with the d
 target_kl=None (every update runs all 10 epochs), one fixed batch of 2,048 random rows; two warm-up updates, then the
 median of ``--updates`` timed ones, back to back. The levers (algos/ppo.py, algos/adam.py, the trainer's thread
 settings), turned off one at a time by patching the learner in the child: keras_adam, unrolled (an epoch's minibatch
-steps unrolled in the traced call, as before the graph loop), intra_all (intra-op threads = CPUs), onednn_on.
+steps unrolled in the traced call, as before the graph loop), sliced (the graph loop's minibatches cut as
+rows[start:start + size], of a shape unknown when traced, as before tf.slice), intra_all (intra-op threads = CPUs),
+onednn_on.
 Variants alternate in order from repeat to repeat; ratios pair runs of the same repeat. Writes runs.csv and results.md
 to ``--out``.
 """
@@ -30,9 +32,9 @@ from typing import Any
 
 from harness import fmt, load_average, median, options, table, write_results
 
-LEVERS = ("keras_adam", "unrolled", "intra_all", "onednn_on")
-LABELS = {"keras_adam": "now, Keras Adam", "unrolled": "now, unrolled steps", "intra_all": "now, intra-op = CPUs",
-          "onednn_on": "now, oneDNN on"}
+LEVERS = ("keras_adam", "unrolled", "sliced", "intra_all", "onednn_on")
+LABELS = {"keras_adam": "now, Keras Adam", "unrolled": "now, unrolled steps", "sliced": "now, loop of shapeless slices",
+          "intra_all": "now, intra-op = CPUs", "onednn_on": "now, oneDNN on"}
 
 
 def turn_off(lever: str) -> None:
@@ -62,6 +64,18 @@ def turn_off(lever: str) -> None:
             return sums
 
         algos.ppo.PPO._train_steps_fn = steps
+    elif lever == "sliced":
+        import tensorflow as tf
+
+        def minibatch_loop(step: Any, rows: Any, minibatch_size: int, sums: Any) -> Any:
+            count = tf.shape(rows)[0]
+
+            def body(start: Any, sums: Any) -> tuple:
+                return start + minibatch_size, sums + step(rows[start : start + minibatch_size])
+
+            return tf.while_loop(lambda start, _: start < count, body, [tf.constant(0), sums], parallel_iterations=1)[1]
+
+        algos.ppo.minibatch_loop = minibatch_loop
 
 
 GAMES = {"minatar": "MinAtar/Breakout-v1", "pong": "ALE/Pong-v5"}
