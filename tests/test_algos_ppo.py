@@ -227,3 +227,22 @@ def test_an_epoch_split_over_several_calls_updates_the_weights_exactly_as_one_ca
     for a, b in zip(one_call, split, strict=True):
         np.testing.assert_array_equal(a, b)
     assert split_stats == pytest.approx(one_stats, rel=1e-6)
+
+
+def test_each_minibatch_step_of_the_graph_loop_is_traced_with_its_static_shape():
+    # The loop's step runs with shapes known when traced (what lets TensorFlow fold a broadcast gradient's shape work
+    # away): full runs of 64 rows inside the loop, the 58-row remainder after it, and every row taken once, in order.
+    import tensorflow as tf
+
+    from algos.learner_batch import minibatch_loop
+
+    traced_shapes = []
+
+    def step(idx: tf.Tensor) -> tf.Tensor:
+        traced_shapes.append(idx.shape.as_list())
+        return tf.stack([tf.reduce_sum(tf.cast(idx, tf.float32)), tf.cast(idx[0], tf.float32)])
+
+    rows = tf.constant(np.arange(250, dtype=np.int32)[::-1].copy())
+    sums = tf.function(lambda rows: minibatch_loop(step, rows, 64, tf.zeros(2)), autograph=False)(rows)
+    assert traced_shapes == [[64], [58]]
+    assert sums.numpy().tolist() == [sum(range(250)), 249 + 185 + 121 + 57]  # each run's first row
