@@ -372,6 +372,9 @@ FIGURES = [
         f"501760 steps per run on ALE/Breakout-v5, seed {seed}"])
       for page, figure in (("../README.md", "seeds 0-10: mean **8.0** (4.1 to 12.2)"),)
       for seed, score in ((0, "4.1 (37)"), (10, "7.8 (27)"))],
+    *[("../README.md", "with seeds 11-12 (Zen 3, 2026-12-07), seeds 0-12", f"learning_breakout_seed{seed}/results.md",
+       [f"| 1 | {seed} | train.py --nprocs 2 |", f"| 1 | {seed} | CleanRL-style PPO",
+        f"501760 steps per run on ALE/Breakout-v5, seed {seed}", "a git archive of 35ef5c3"]) for seed in (11, 12)],
     ("training.md", "1.17-1.49x (median 1.36x) the CleanRL-style PPO's steps/s (torch, one torso) and 1.32-1.75x "
      "(median 1.71x) stable-baselines3's", "peers_pong/results.md",
      ["torch 2 thread(s), steps/s after the warm-up: median **1.36x** over 3 repeat(s) (1.17x, 1.36x, 1.49x)",
@@ -545,7 +548,7 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     before, peer_same = ({seed: scores[seed] for seed in passes} for scores in (reference, peer))
     means = [f"{statistics.mean(scores.values()):.1f}" for scores in (passes, before, peer_same)]
     assert (f"seeds 0-{last}: mean {mean_and_range(passes, '**')}, the update before {means[1]} on them" in readme
-            and f"seeds 0-{last}, {means[2]} |" in readme), means
+            and f"seeds 0-{last}, {means[2]}; " in readme), means
     assert (f"{in_words(passes)} for seeds 0-{last} (mean {means[0]}), against {means[1]} for the update before and "
             f"{means[2]} for the CleanRL-style PPO on the same seeds") in one_line(training), means
     for other, name in ((before, "the update before"), (peer_same, "the CleanRL-style PPO")):
@@ -558,6 +561,20 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
              for scores, mean, bold in zip((passes, before, peer_same), means, ("**", "", ""), strict=True)]
     benchmarks_readme = (REPO / "benchmarks" / "README.md").read_text()
     assert all(row in benchmarks_readme for row in table), table
+    # Seeds 11 and 12 of both at the current code, and the paired comparison over seeds 0-12 they join.
+    later_runs = ["learning_breakout_seed11", "learning_breakout_seed12"]
+    later, later_peer = (seed_scores(later_runs, system) for system in ("train.py", "CleanRL"))
+    assert sorted(later) == sorted(later_peer) == [11, 12], (later, later_peer)
+    ours_all, peer_all = {**passes, **later}, {**peer_same, **later_peer}
+    differences = [ours_all[seed] - peer_all[seed] for seed in ours_all]
+    paired = statistics.mean(differences)
+    words = (f"{in_words(later)} for seeds 11-12, against the CleanRL-style PPO's {in_words(later_peer)}; over seeds "
+             f"0-12 the current code scores {statistics.mean(ours_all.values()):.1f} against the peer's "
+             f"{statistics.mean(peer_all.values()):.1f}, {abs(paired):.1f} {'above' if paired >= 0 else 'below'} it on "
+             f"average (standard error {statistics.stdev(differences) / len(differences) ** 0.5:.1f})")
+    assert all(words in one_line(page) for page in (training, benchmarks_readme)), words
+    assert (f"seeds 0-12: **{statistics.mean(ours_all.values()):.1f}** |" in readme
+            and f"seeds 0-12, {statistics.mean(peer_all.values()):.1f} |" in readme)
     # Space Invaders and Seaquest: the 25-iteration windows in which train.py's game score was above the peer's.
     for game, name in (("Space Invaders", "learning_spaceinvaders"), ("Seaquest", "learning_seaquest")):
         windows = re.findall(r"^\| [\d,]+-[\d,]+ \| ([\d.]+) \(\d+\) \| ([\d.]+) \(\d+\) \|$",
