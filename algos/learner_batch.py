@@ -94,8 +94,8 @@ def minibatch_loop(step: Callable[[tf.Tensor], tf.Tensor], rows: tf.Tensor, mini
     order, bit for bit, but each traced step cost a tenth of a second or more, once per process: a Walker2d run reached
     its first iteration after 10.5 s, against 5.5 s with the loop. Each run is cut by tf.slice, whose size is a
     constant, so the step inside the loop has the static shapes of the unrolled one (a slice rows[start:start + size]
-    would have none, and every broadcast's gradient would then work out its shapes at run time: Walker2d's update took
-    1.05-1.21x the time on a Zen 3; benchmarks/README.md, section update.py).
+    would have none, and TensorFlow's graph optimizations fold shape work away only where shapes are known: with it
+    Walker2d's update took 1.05-1.21x the time on a Zen 3; benchmarks/README.md, section update.py).
     """
     count = int(rows.shape[0])
     full_rows = count - count % minibatch_size
