@@ -468,6 +468,15 @@ def in_words(scores: dict[int, float]) -> str:
     return f"{', '.join(listed[:-1])} and {listed[-1]}"
 
 
+def paired_in_words(ours: dict[int, float], other: dict[int, float], name: str) -> str:
+    """The mean of ours - other, seed by seed over ours' seeds, and its standard error, as the pages word it: "0.8
+    below the CleanRL-style PPO on average (standard error 0.7)"."""
+    differences = [ours[seed] - other[seed] for seed in ours]
+    paired = statistics.mean(differences)
+    return (f"{abs(paired):.1f} {'above' if paired >= 0 else 'below'} {name} on average (standard error "
+            f"{statistics.stdev(differences) / len(differences) ** 0.5:.1f})")
+
+
 def seed_scores(names: list[str], system: str) -> dict[int, float]:
     """{seed: final mean return} of the runs in those results directories whose system starts with ``system``."""
     return {int(row["seed"]): float(row["mean_return"])
@@ -552,10 +561,7 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     assert (f"{in_words(passes)} for seeds 0-{last} (mean {means[0]}), against {means[1]} for the update before and "
             f"{means[2]} for the CleanRL-style PPO on the same seeds") in one_line(training), means
     for other, name in ((before, "the update before"), (peer_same, "the CleanRL-style PPO")):
-        differences = [passes[seed] - other[seed] for seed in passes]
-        paired = statistics.mean(differences)
-        words = (f"{abs(paired):.1f} {'above' if paired >= 0 else 'below'} {name} on average (standard error "
-                 f"{statistics.stdev(differences) / len(differences) ** 0.5:.1f})")
+        words = paired_in_words(passes, other, name)
         assert words in one_line(training), words
     table = [f"| {' | '.join(f'{scores[seed]:.1f}' for seed in sorted(passes))} | {bold}{mean}{bold} |"
              for scores, mean, bold in zip((passes, before, peer_same), means, ("**", "", ""), strict=True)]
@@ -566,15 +572,12 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     later, later_peer = (seed_scores(later_runs, system) for system in ("train.py", "CleanRL"))
     assert sorted(later) == sorted(later_peer) == [11, 12], (later, later_peer)
     ours_all, peer_all = {**passes, **later}, {**peer_same, **later_peer}
-    differences = [ours_all[seed] - peer_all[seed] for seed in ours_all]
-    paired = statistics.mean(differences)
+    ours_mean, peer_mean = (f"{statistics.mean(scores.values()):.1f}" for scores in (ours_all, peer_all))
     words = (f"{in_words(later)} for seeds 11-12, against the CleanRL-style PPO's {in_words(later_peer)}; over seeds "
-             f"0-12 the current code scores {statistics.mean(ours_all.values()):.1f} against the peer's "
-             f"{statistics.mean(peer_all.values()):.1f}, {abs(paired):.1f} {'above' if paired >= 0 else 'below'} it on "
-             f"average (standard error {statistics.stdev(differences) / len(differences) ** 0.5:.1f})")
+             f"0-12 the current code scores {ours_mean} against the peer's {peer_mean}, "
+             f"{paired_in_words(ours_all, peer_all, 'it')}")
     assert all(words in one_line(page) for page in (training, benchmarks_readme)), words
-    assert (f"seeds 0-12: **{statistics.mean(ours_all.values()):.1f}** |" in readme
-            and f"seeds 0-12, {statistics.mean(peer_all.values()):.1f} |" in readme)
+    assert f"seeds 0-12: **{ours_mean}** |" in readme and f"seeds 0-12, {peer_mean} |" in readme
     # Space Invaders and Seaquest: the 25-iteration windows in which train.py's game score was above the peer's.
     for game, name in (("Space Invaders", "learning_spaceinvaders"), ("Seaquest", "learning_seaquest")):
         windows = re.findall(r"^\| [\d,]+-[\d,]+ \| ([\d.]+) \(\d+\) \| ([\d.]+) \(\d+\) \|$",
