@@ -84,37 +84,28 @@ def epoch_means(steps: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], perm: np.nda
     return sums / float(-(-n // minibatch_size))
 
 
-STEPS_PER_ITERATION = 4
-"""Minibatch steps in one iteration of minibatch_loop's graph loop."""
-
-
 def minibatch_loop(step: Callable[[tf.Tensor], tf.Tensor], rows: tf.Tensor, minibatch_size: int,
                    sums: tf.Tensor) -> tf.Tensor:
     """``sums`` plus ``step(idx)`` for each run idx of minibatch_size rows of ``rows`` (M,), in order (the last run may
     be short); call it while a graph_function is traced, with M known (a call's rows are a constant).
 
-    The full runs are a graph loop of STEPS_PER_ITERATION steps an iteration, one step after the other
-    (parallel_iterations=1: each step reads the weights the one before wrote); the runs left over (fewer than an
-    iteration's, the short one included) are steps after it. Unrolled, the steps ran the same ops in the same order,
-    bit for bit, but each traced step cost a tenth of a second or more, once per process: a Walker2d run reached its
-    first iteration after 10.5 s, against 5.5 s with a loop of one step an iteration. That loop spent its own work on
-    each iteration: Walker2d's update, 320 steps of 64 rows, took 1.14x the time of four steps an iteration on a Zen 3,
-    whose extra tracing is 0.6 s (benchmarks/README.md, section update.py). Each run is cut by tf.slice, whose size is
-    a constant, so the steps inside the loop have the static shapes of unrolled ones (a slice rows[start:start + size]
+    The full runs are a graph loop, one step after the other (parallel_iterations=1: each step reads the weights the
+    one before wrote); a short last run is one more step after it. Unrolled, the steps ran the same ops in the same
+    order, bit for bit, but each traced step cost a tenth of a second or more, once per process: a Walker2d run reached
+    its first iteration after 10.5 s, against 5.5 s with the loop. Each run is cut by tf.slice, whose size is a
+    constant, so the step inside the loop has the static shapes of the unrolled one (a slice rows[start:start + size]
     would have none, and TensorFlow's graph optimizations fold shape work away only where shapes are known: with it
-    Walker2d's update took 1.05-1.21x the time on a Zen 3).
+    Walker2d's update took 1.05-1.21x the time on a Zen 3; benchmarks/README.md, section update.py).
     """
     count = int(rows.shape[0])
-    looped_rows = count // (STEPS_PER_ITERATION * minibatch_size) * STEPS_PER_ITERATION * minibatch_size
+    full_rows = count - count % minibatch_size
 
     def body(start: tf.Tensor, sums: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        for run in range(STEPS_PER_ITERATION):
-            sums = sums + step(tf.slice(rows, [start + run * minibatch_size], [minibatch_size]))
-        return start + STEPS_PER_ITERATION * minibatch_size, sums
+        return start + minibatch_size, sums + step(tf.slice(rows, [start], [minibatch_size]))
 
-    _, sums = tf.while_loop(lambda start, _: start < looped_rows, body, [tf.constant(0), sums], parallel_iterations=1)
-    for start in range(looped_rows, count, minibatch_size):
-        sums = sums + step(rows[start : start + minibatch_size])
+    _, sums = tf.while_loop(lambda start, _: start < full_rows, body, [tf.constant(0), sums], parallel_iterations=1)
+    if full_rows < count:
+        sums = sums + step(rows[full_rows:])
     return sums
 
 

@@ -14,8 +14,8 @@ target_kl=None (every update runs all 10 epochs), one fixed batch of 2,048 rando
 median of ``--updates`` timed ones, back to back. The levers (algos/ppo.py, algos/adam.py, the trainer's thread
 settings), turned off one at a time by patching the learner in the child: keras_adam, unrolled (an epoch's minibatch
 steps unrolled in the traced call, as before the graph loop), sliced (the graph loop's minibatches cut as
-rows[start:start + size], of a shape unknown when traced, as before tf.slice), one_step (one minibatch step an
-iteration of the graph loop, as before four), intra_all (intra-op threads = CPUs), onednn_on.
+rows[start:start + size], of a shape unknown when traced, as before tf.slice), intra_all (intra-op threads = CPUs),
+onednn_on.
 Variants alternate in order from repeat to repeat; ratios pair runs of the same repeat. Writes runs.csv and results.md
 to ``--out``.
 """
@@ -32,10 +32,9 @@ from typing import Any
 
 from harness import fmt, load_average, median, options, table, write_results
 
-LEVERS = ("keras_adam", "unrolled", "sliced", "one_step", "intra_all", "onednn_on")
+LEVERS = ("keras_adam", "unrolled", "sliced", "intra_all", "onednn_on")
 LABELS = {"keras_adam": "now, Keras Adam", "unrolled": "now, unrolled steps", "sliced": "now, loop of shapeless slices",
-          "one_step": "now, loop of one step an iteration", "intra_all": "now, intra-op = CPUs",
-          "onednn_on": "now, oneDNN on"}
+          "intra_all": "now, intra-op = CPUs", "onednn_on": "now, oneDNN on"}
 
 
 def turn_off(lever: str) -> None:
@@ -77,10 +76,6 @@ def turn_off(lever: str) -> None:
             return tf.while_loop(lambda start, _: start < count, body, [tf.constant(0), sums], parallel_iterations=1)[1]
 
         algos.ppo.minibatch_loop = minibatch_loop
-    elif lever == "one_step":
-        import algos.learner_batch
-
-        algos.learner_batch.STEPS_PER_ITERATION = 1
 
 
 GAMES = {"minatar": "MinAtar/Breakout-v1", "pong": "ALE/Pong-v5"}
