@@ -567,17 +567,18 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
              for scores, mean, bold in zip((passes, before, peer_same), means, ("**", "", ""), strict=True)]
     benchmarks_readme = (REPO / "benchmarks" / "README.md").read_text()
     assert all(row in benchmarks_readme for row in table), table
-    # Seeds 11 and 12 of both at the current code, and the paired comparison over seeds 0-12 they join.
-    later_runs = ["learning_breakout_seed11", "learning_breakout_seed12"]
+    # Seeds from 11 on, of both at the current code, and the paired comparison over all seeds they join.
+    later_runs = [path.name for path in RESULTS.glob("learning_breakout_seed1[1-9]")]
     later, later_peer = (seed_scores(later_runs, system) for system in ("train.py", "CleanRL"))
-    assert sorted(later) == sorted(later_peer) == [11, 12], (later, later_peer)
+    last_seed = max(later)
+    assert sorted(later) == sorted(later_peer) == list(range(11, last_seed + 1)), (later, later_peer)
     ours_all, peer_all = {**passes, **later}, {**peer_same, **later_peer}
     ours_mean, peer_mean = (f"{statistics.mean(scores.values()):.1f}" for scores in (ours_all, peer_all))
-    words = (f"{in_words(later)} for seeds 11-12, against the CleanRL-style PPO's {in_words(later_peer)}; over seeds "
-             f"0-12 the current code scores {ours_mean} against the peer's {peer_mean}, "
+    words = (f"{in_words(later)} for seeds 11-{last_seed}, against the CleanRL-style PPO's {in_words(later_peer)}; "
+             f"over seeds 0-{last_seed} the current code scores {ours_mean} against the peer's {peer_mean}, "
              f"{paired_in_words(ours_all, peer_all, 'it')}")
     assert all(words in one_line(page) for page in (training, benchmarks_readme)), words
-    assert f"seeds 0-12: **{ours_mean}** |" in readme and f"seeds 0-12, {peer_mean} |" in readme
+    assert f"seeds 0-{last_seed}: **{ours_mean}** |" in readme and f"seeds 0-{last_seed}, {peer_mean} |" in readme
     # Space Invaders and Seaquest: the 25-iteration windows in which train.py's game score was above the peer's.
     for game, name in (("Space Invaders", "learning_spaceinvaders"), ("Seaquest", "learning_seaquest")):
         windows = re.findall(r"^\| [\d,]+-[\d,]+ \| ([\d.]+) \(\d+\) \| ([\d.]+) \(\d+\) \|$",
