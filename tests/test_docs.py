@@ -569,7 +569,7 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     benchmarks_readme = (REPO / "benchmarks" / "README.md").read_text()
     assert all(row in benchmarks_readme for row in table), table
     # Seeds from 11 on, of both at the current code, and the paired comparison over all seeds they join.
-    later_runs = [path.name for path in RESULTS.glob("learning_breakout_seed1[1-9]")]
+    later_runs = [path.name for path in RESULTS.glob("learning_breakout_seed[1-9][0-9]")]
     later, later_peer = (seed_scores(later_runs, system) for system in ("train.py", "CleanRL"))
     last_seed = max(later)
     assert sorted(later) == sorted(later_peer) == list(range(11, last_seed + 1)), (later, later_peer)
