@@ -256,7 +256,8 @@ def steps_by_repeat(steps_per_s: tuple[tuple[int, ...], ...]) -> list[str]:
 
 
 BREAKOUT_ROW = "game score of the last 10 iterations after 2M frames (500k steps), seeds 0-15 |"
-"""The README's row of Atari Breakout's learning, which cites every seed's results of the current update."""
+"""The README's row of Atari Breakout's learning at the current update; it cites seeds 0 and 10 of the runs 0-10 and
+every seed from 11 on."""
 
 
 # Figures the guides quote from a results file they cite: (page, the figure as the page words it, the file under
@@ -557,7 +558,7 @@ def test_figures_in_the_guides_are_those_of_the_results_files_they_cite():
     assert (f"the loss before scored {statistics.mean(before_loss.values()):.1f} over seeds 0-6 "
             f"({min(before_loss.values()):.1f}-{max(before_loss.values()):.1f})") in training, before_loss
     # Since PPO's update runs no pass of the batch besides its minibatch steps: the seeds run so far, against the
-    # update before and the peer on the same seeds, in the README, docs/training.md and benchmarks/README.
+    # update before and the peer on the same seeds, in docs/training.md and benchmarks/README.
     passes = seed_scores([path.name for path in RESULTS.glob("learning_breakout_passes_seed*")], "train.py")
     last = len(passes) - 1
     assert sorted(passes) == list(range(last + 1)), passes
