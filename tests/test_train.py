@@ -14,6 +14,7 @@ from conftest import FEW_MINIBATCHES, REPO, USES_SMALL_RUN, run_bounded
 
 from algos.numpy_actor import NumpyActor
 from algos.registry import ALGORITHMS
+from trainer.kernels import runs_avx2_kernels
 
 TRAIN = str(REPO / "train.py")
 # Columns that depend on the wall clock; every other logged value must be reproducible.
@@ -76,6 +77,9 @@ def test_run_directory_has_config_csv_tensorboard_checkpoints_plot(learned_runs)
     run_dir = learned_runs[("CartPole-v1", "ppo")]
     config = json.loads((run_dir / "config.json").read_text())
     assert config["env_id"] == "CartPole-v1" and config["algo"] == "ppo" and config["nprocs"] == 2
+    # PPO's minibatch steps on an MLP compiled by XLA, held to AVX2 where the CPU has it; TRPO's not (algos.registry)
+    assert (config["tf_xla_update"], config["xla_cpu_max_isa"]) == (True, "AVX2" if runs_avx2_kernels() else "ALL")
+    assert json.loads((learned_runs[("CartPole-v1", "trpo")] / "config.json").read_text())["tf_xla_update"] is False
     header = progress(run_dir)[0].keys()
     for column in ("iteration", "total_steps", "total_episodes", "ep_return_mean", "ep_return_min", "ep_return_max",
                    "steps_per_s", "kl", "entropy", "pi_loss", "v_loss", "t_rollout", "t_gather", "t_update",
