@@ -120,7 +120,7 @@ def graph_function(fn: Callable, input_signature: list[tf.TensorSpec] | None = N
 
     XLA pays for a whole loop of minibatch steps of small MLPs, where each TensorFlow op costs more to run than its
     arithmetic: Walker2d's PPO update took about half the time (benchmarks/README.md, section update.py). Compiled one
-    step per call it took twice the time, and on CNNs 8-40x (XLA's CPU convolutions), so only the MLP's loop uses it
+    step per call it took twice the time, and on CNNs 7-30x (XLA's CPU convolutions), so only the MLP's loop uses it
     (algos.registry's xla_networks)."""
     return tf.function(fn, input_signature=input_signature, autograph=False, jit_compile=xla or None)
 

@@ -148,12 +148,13 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         shares_image_torso=("atari",),
         # XLA compiles each call of the update's minibatch steps into one program: on an MLP it took about half the
         # time (a 64x64 network's step is bound by the number of ops run, not their arithmetic); on MinAtar's and
-        # Atari's CNNs 8x and 38x (XLA's own CPU convolutions). benchmarks/README.md, section update.py.
+        # Atari's CNNs 6.9x and 30x (XLA's own CPU convolutions). benchmarks/README.md, section update.py.
         xla_networks=("mlp",)),
     # TRPO keeps two networks: its natural-gradient step is a trust region over the policy's parameters alone, and a
     # torso shared with the value function would move the policy outside it (baselines' trpo_mpi copies the network
     # for its value function too). On Atari it takes the family's batch, its own settings otherwise. Its update is
-    # mostly the conjugate gradient's passes; XLA on its value steps gained nothing measurable (0.73-1.13x per run).
+    # mostly the conjugate gradient's passes; XLA on its value steps gained nothing clear (0.73-1.13x the time in six
+    # runs on a Zen 3).
     "trpo": AlgorithmSpec("algos.trpo:from_config", {"lr": 1e-3, "minibatch_size": 64, "kl_targ": 0.01},
                           families={"atari": dict(_ATARI_BATCH)}),
 }

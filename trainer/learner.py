@@ -71,8 +71,9 @@ class Learner:
                         "tf_xla_update": network_kind(obs) in self.spec.xla_networks}
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = str(self.threads["tf_enable_onednn_opts"])
         os.environ["ONEDNN_MAX_CPU_ISA"] = str(self.threads["onednn_max_cpu_isa"])
-        os.environ["XLA_FLAGS"] = xla_cpu_max_isa_flags(str(self.threads["xla_cpu_max_isa"]),
-                                                        os.environ.get("XLA_FLAGS", ""))
+        xla_flags = xla_cpu_max_isa_flags(str(self.threads["xla_cpu_max_isa"]), os.environ.get("XLA_FLAGS", ""))
+        if xla_flags:
+            os.environ["XLA_FLAGS"] = xla_flags
         import_tensorflow(config.gpu_pct)
         import tensorflow as tf
 
