@@ -372,6 +372,8 @@ FIGURES = [
     ("training.md", "made MinAtar's and Atari's updates 6.9x and 30x as slow", "kernels_pong_xla_zen3/results.md",
      ["| 2 thread(s), oneDNN 1 | 2 | 1 | float32 | no | 2,786.7 |",
       "| train.py's kernels, with XLA | 2 | 1 | float32 | yes | 83,878.6 |"]),
+    ("clusters.md", "peak was 803 MB against 621 before", "speed_walker2d_xla9_zen3/results.md",
+     ["| before_xla_bc8fd91 | 2 | 5.7 | 621 |", "| now | 2 | 7.1 | 803 |"]),
     ("training.md", "Walker2d's update took 76 ms at the median against 139 without it", "update_xla_zen3/results.md",
      ["| now | 1 | 0 | float32 | yes | 76.3 |",
       "| now, without XLA | 1 | 0 | float32 | no | 138.7 | 1.59, 1.81, 2.23, 1.39, 2.10 |"]),
