@@ -170,7 +170,7 @@ def keras_reference_update(ac: ActorCritic, cfg: PPOConfig, seed: int, batch: di
 
 
 @pytest.mark.parametrize(("value_loss", "adv_norm", "xla"), [("mse", "batch", False), ("clipped", "minibatch", False),
-                                                       ("clipped", "minibatch", True)])
+                                                       ("mse", "batch", True), ("clipped", "minibatch", True)])
 def test_update_matches_a_plain_keras_update_on_a_fixed_batch(value_loss, adv_norm, xla):
     # The update's graph is built for speed (layers as raw ops, one fused Adam kernel per variable, a graph loop
     # over the minibatches, compiled by XLA for an MLP in train.py); its results must be those of the plain
