@@ -153,8 +153,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     # TRPO keeps two networks: its natural-gradient step is a trust region over the policy's parameters alone, and a
     # torso shared with the value function would move the policy outside it (baselines' trpo_mpi copies the network
     # for its value function too). On Atari it takes the family's batch, its own settings otherwise. Its update is
-    # mostly the conjugate gradient's passes; XLA on its value steps gained nothing clear (0.73-1.13x the time in six
-    # runs on a Zen 3).
+    # mostly the conjugate gradient's passes; XLA on its value steps gained nothing clear (0.73-1.13x the time in five
+    # pairs of runs on a Zen 3).
     "trpo": AlgorithmSpec("algos.trpo:from_config", {"lr": 1e-3, "minibatch_size": 64, "kl_targ": 0.01},
                           families={"atari": dict(_ATARI_BATCH)}),
 }
