@@ -109,20 +109,14 @@ def minibatch_loop(step: Callable[[tf.Tensor], tf.Tensor], rows: tf.Tensor, mini
     return sums
 
 
-def graph_function(fn: Callable, input_signature: list[tf.TensorSpec] | None = None, xla: bool = False) -> Callable:
-    """``fn`` as a TensorFlow graph, traced on its first call (and once per input signature); with ``xla``, compiled
-    by XLA as one program (jit_compile), once per input signature too.
+def graph_function(fn: Callable, input_signature: list[tf.TensorSpec] | None = None) -> Callable:
+    """``fn`` as a TensorFlow graph, traced on its first call (and once per input signature).
 
     Without AutoGraph: the update's code has no control flow on tensors (its loops run over Python ints while it is
     traced), so AutoGraph would trace the same ops, after first converting the source of every function it calls. That
     conversion cost 1.8 of the 7.5 s of a Walker2d PPO run's first update, and half of a 2-step CartPole update's
-    (2-core AMD EPYC, 2026-11-27); the results are the same bit for bit.
-
-    XLA pays for a whole loop of minibatch steps of small MLPs, where each TensorFlow op costs more to run than its
-    arithmetic: Walker2d's PPO update took about half the time (benchmarks/README.md, section update.py). Compiled one
-    step per call it took twice the time, and on CNNs 7-30x (XLA's CPU convolutions), so only the MLP's loop uses it
-    (algos.registry's xla_networks)."""
-    return tf.function(fn, input_signature=input_signature, autograph=False, jit_compile=xla or None)
+    (2-core AMD EPYC, 2026-11-27); the results are the same bit for bit."""
+    return tf.function(fn, input_signature=input_signature, autograph=False)
 
 
 def batch_specs(ac: ActorCritic) -> tuple[tf.TensorSpec, tf.TensorSpec]:

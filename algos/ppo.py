@@ -54,10 +54,6 @@ class PPOConfig:
     """Weight of the entropy bonus subtracted from the total loss."""
     max_grad_norm: float = 0.5
     """Gradients are rescaled so their global norm is at most this."""
-    xla: bool = False
-    """Compile each call of minibatch steps with XLA: about half the update's time on 64x64 MLPs on a CPU, many times
-    more on CNNs (learner_batch.graph_function). train.py sets it by kind of network (the registry's
-    xla_networks)."""
 
 
 class PPO:
@@ -83,7 +79,7 @@ class PPO:
         self._old_log_prob = graph_function(self.ac.log_prob, input_signature=[obs_spec, act_spec])
         # A graph loop over up to STEPS_PER_CALL minibatch steps per call (learner_batch.minibatch_loop). Traced once
         # per length of the rows a call takes (a whole epoch's, or STEPS_PER_CALL minibatches' and the rest's).
-        self._train_steps = graph_function(self._train_steps_fn, xla=cfg.xla)
+        self._train_steps = graph_function(self._train_steps_fn)
 
     def set_learning_rate(self, lr: float) -> None:
         """Adam's learning rate for the next updates (a schedule sets it before each update)."""
@@ -228,11 +224,9 @@ class PPO:
 
 def from_config(ac: ActorCritic, settings: "Mapping[str, Any]") -> PPO:
     """train.py's PPO (algos.registry): --lr, --epochs, --minibatch_size, --kl_targ (target_kl), --clip_ratio,
-    --ent_coef, --vf_coef, --value_loss, --adv_norm, --value_targets and --seed, by name in ``settings``, and "xla"
-    when it is there (AlgorithmSpec.builder)."""
+    --ent_coef, --vf_coef, --value_loss, --adv_norm, --value_targets and --seed, by name in ``settings``."""
     return PPO(ac, PPOConfig(lr=settings["lr"], epochs=settings["epochs"], minibatch_size=settings["minibatch_size"],
                              clip_ratio=settings["clip_ratio"], target_kl=settings["kl_targ"],
                              vf_coef=settings["vf_coef"], value_loss=settings["value_loss"],
                              adv_norm=settings["adv_norm"], ent_coef=settings["ent_coef"],
-                             value_targets=settings["value_targets"], xla=settings.get("xla", False)),
-               seed=settings["seed"])
+                             value_targets=settings["value_targets"]), seed=settings["seed"])

@@ -68,8 +68,7 @@ class AlgorithmSpec:
 
     builder: str
     """"module:function", imported on rank 0 only: function(ac: ActorCritic, settings: Mapping[str, Any]) ->
-    Algorithm, ``settings`` holding the value of each setting of ``defaults``, "seed" and "xla" (a bool: whether the
-    actor-critic's kind of network is one of ``xla_networks``)."""
+    Algorithm, ``settings`` holding the value of each setting of ``defaults`` and "seed"."""
     defaults: dict[str, Any]
     """The TrainConfig fields the algorithm reads besides seed, with their defaults (what --help shows and
     config.json records when an option is not given). With "lr_schedule", train.py sets the learning rate before
@@ -83,9 +82,6 @@ class AlgorithmSpec:
     shares_image_torso: tuple[str, ...] = ()
     """The families of envs (envs.make.env_family's names) whose image policies have one CNN torso under the policy
     and value heads; every other image env gets two CNNs."""
-    xla_networks: tuple[str, ...] = ()
-    """The kinds of network (algos.spaces.network_kind) whose update compiles its minibatch steps with XLA, where a
-    side-by-side measurement showed it pays (config.json records tf_xla_update)."""
 
     def defaults_for(self, family: str | None) -> dict[str, Any]:
         """The defaults of an env of ``family`` (None: no family): ``defaults`` with the family's replacing them."""
@@ -93,8 +89,7 @@ class AlgorithmSpec:
 
     def build(self, ac: ActorCritic, settings: Mapping[str, Any]) -> Algorithm:
         """The algorithm for ``ac`` with ``settings`` ({name: value} of every setting of ``defaults`` and "seed"; the
-        run's configuration holds them under the same names; "xla" too, see ``builder``); imports its module, and
-        TensorFlow with it."""
+        run's configuration holds them under the same names); imports its module, and TensorFlow with it."""
         missing = sorted({*self.defaults, "seed"} - set(settings))
         if missing:
             raise KeyError(f"the settings of {self.builder} lack {', '.join(missing)}")
@@ -145,16 +140,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         # settings: half the update's arithmetic and half the workers' forward passes of two CNNs. Not on other image
         # envs at the generic settings: MinAtar Breakout at --nprocs 2 ended at 7.1 with one torso against 13.1 with
         # two CNNs, every one of seeds 0-2 lower (benchmarks/README.md, section Pixels).
-        shares_image_torso=("atari",),
-        # XLA compiles each call of the update's minibatch steps into one program: on an MLP it took about half the
-        # time (a 64x64 network's step is bound by the number of ops run, not their arithmetic); on MinAtar's and
-        # Atari's CNNs 6.9x and 30x (XLA's own CPU convolutions). benchmarks/README.md, section update.py.
-        xla_networks=("mlp",)),
+        shares_image_torso=("atari",)),
     # TRPO keeps two networks: its natural-gradient step is a trust region over the policy's parameters alone, and a
     # torso shared with the value function would move the policy outside it (baselines' trpo_mpi copies the network
-    # for its value function too). On Atari it takes the family's batch, its own settings otherwise. Its update is
-    # mostly the conjugate gradient's passes; XLA on its value steps gained nothing clear (0.73-1.13x the time in five
-    # pairs of runs on a Zen 3).
+    # for its value function too). On Atari it takes the family's batch, its own settings otherwise.
     "trpo": AlgorithmSpec("algos.trpo:from_config", {"lr": 1e-3, "minibatch_size": 64, "kl_targ": 0.01},
                           families={"atari": dict(_ATARI_BATCH)}),
 }

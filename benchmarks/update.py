@@ -5,10 +5,9 @@ TensorFlow's kernels and threads per kind of network (benchmarks/README.md, sect
 one kind of network, each on the work train.py gives it by default: walker2d (64x64 MLPs, 2,048 rows, 10 epochs of
 64), minatar (the one-layer CNN of MinAtar's 10x10x4 boards, the same work) or pong (the Nature CNN on 84x84x4
 frames, the Atari work: 1,024 rows, 4 epochs of 256); the image networks in the layout train.py builds for that game
-(algos.registry.shares_torso: one torso for Pong, two CNNs for MinAtar), or as --torso says. With --xla_too, also
-train.py's choice of kernels with the minibatch steps compiled by XLA (or not, where train.py compiles them). With
---precisions, an image network instead runs in float32 and in bfloat16 (train.py's --precision), both at the kernels
-train.py chooses for it.
+(algos.registry.shares_torso: one torso for Pong, two CNNs for MinAtar), or as --torso says. With --precisions, an
+image network instead runs in float32 and in bfloat16 (train.py's --precision), both at the kernels train.py chooses
+for it.
 
 Every variant runs in its own process: Walker2d-v5's ActorCritic, PPO with the default hyperparameters but
 target_kl=None (every update runs all 10 epochs), one fixed batch of 2,048 random rows; two warm-up updates, then the
@@ -16,8 +15,7 @@ median of ``--updates`` timed ones, back to back. The levers (algos/ppo.py, algo
 settings), turned off one at a time by patching the learner in the child: keras_adam, unrolled (an epoch's minibatch
 steps unrolled in the traced call, as before the graph loop), sliced (the graph loop's minibatches cut as
 rows[start:start + size], of a shape unknown when traced, as before tf.slice), intra_all (intra-op threads = CPUs),
-onednn_on, no_xla (the minibatch steps run by TensorFlow's graph executor instead of compiled by XLA). Every variant
-compiles by XLA where train.py does (algos.registry's xla_networks), held to AVX2 as train.py holds it.
+onednn_on.
 Variants alternate in order from repeat to repeat; ratios pair runs of the same repeat. Writes runs.csv and results.md
 to ``--out``.
 """
@@ -34,18 +32,9 @@ from typing import Any
 
 from harness import fmt, load_average, median, options, table, write_results
 
-LEVERS = ("keras_adam", "unrolled", "sliced", "intra_all", "onednn_on", "no_xla")
+LEVERS = ("keras_adam", "unrolled", "sliced", "intra_all", "onednn_on")
 LABELS = {"keras_adam": "now, Keras Adam", "unrolled": "now, unrolled steps", "sliced": "now, loop of shapeless slices",
-          "intra_all": "now, intra-op = CPUs", "onednn_on": "now, oneDNN on", "no_xla": "now, without XLA"}
-NETWORKS = {"walker2d": "mlp", "minatar": "small_cnn", "pong": "nature_cnn"}
-"""--kernels' names -> algos.spaces.network_kind's."""
-
-
-def xla_by_default(kernels: str) -> bool:
-    """Whether train.py's PPO compiles its minibatch steps by XLA on ``kernels``' kind of network."""
-    from algos.registry import ALGORITHMS
-
-    return NETWORKS[kernels] in ALGORITHMS["ppo"].xla_networks
+          "intra_all": "now, intra-op = CPUs", "onednn_on": "now, oneDNN on"}
 
 
 def turn_off(lever: str) -> None:
@@ -93,10 +82,10 @@ GAMES = {"minatar": "MinAtar/Breakout-v1", "pong": "ALE/Pong-v5"}
 """--kernels' image networks -> the game whose network train.py builds."""
 
 
-def image_ppo(network: str, shared_torso: bool, precision: str, xla: bool) -> tuple[Any, tuple]:
+def image_ppo(network: str, shared_torso: bool, precision: str) -> tuple[Any, tuple]:
     """PPO on an image ActorCritic with train.py's defaults for that env (``network``: minatar or pong, see --kernels)
-    but target_kl=None, its CNN computing in ``precision``, its steps compiled by XLA or not (``xla``), seed 0, and the
-    fixed batch of random images and actions it is timed on."""
+    but target_kl=None, its CNN computing in ``precision``, seed 0, and the fixed batch of random images and actions it
+    is timed on."""
     import keras
     import numpy as np
 
@@ -107,7 +96,7 @@ def image_ppo(network: str, shared_torso: bool, precision: str, xla: bool) -> tu
     obs, actions = (ObsSpec((84, 84, 4), 1 / 255), 6) if network == "pong" else (ObsSpec((10, 10, 4)), 3)
     ac = ActorCritic(obs, ActionSpec((), (actions,)), hidden=(64, 64), shared_torso=shared_torso, precision=precision)
     rows, work = (1024, {"epochs": 4, "minibatch_size": 256}) if network == "pong" else (2048, {})
-    ppo = PPO(ac, PPOConfig(target_kl=None, xla=xla, **work), seed=0)
+    ppo = PPO(ac, PPOConfig(target_kl=None, **work), seed=0)
     rng = np.random.default_rng(0)
     high = 256 if network == "pong" else 2
     batch = (rng.integers(0, high, (rows, *obs.shape), dtype=np.uint8), rng.integers(0, actions, rows),
@@ -115,10 +104,10 @@ def image_ppo(network: str, shared_torso: bool, precision: str, xla: bool) -> tu
     return ppo, batch
 
 
-def walker2d_ppo(xla: bool) -> tuple[Any, tuple]:
+def walker2d_ppo() -> tuple[Any, tuple]:
     """PPO with the default hyperparameters but target_kl=None on Walker2d-v5's ActorCritic (17 observations, 6
-    actions), its steps compiled by XLA or not (``xla``), seed 0, and the fixed batch it is timed on: (obs (2048, 17)
-    float32, act (2048, 6) float32, adv (2048,), ret (2048,))."""
+    actions), seed 0, and the fixed batch it is timed on: (obs (2048, 17) float32, act (2048, 6) float32, adv (2048,),
+    ret (2048,))."""
     import gymnasium
     import keras
     import numpy as np
@@ -127,7 +116,7 @@ def walker2d_ppo(xla: bool) -> tuple[Any, tuple]:
 
     keras.utils.set_random_seed(0)
     ac = ActorCritic(17, gymnasium.spaces.Box(-1.0, 1.0, (6,), np.float32), hidden=(64, 64))
-    ppo = PPO(ac, PPOConfig(target_kl=None, xla=xla), seed=0)
+    ppo = PPO(ac, PPOConfig(target_kl=None), seed=0)
     rng = np.random.default_rng(0)
     rows = 2048
     batch = (rng.normal(size=(rows, 17)).astype(np.float32), rng.normal(size=(rows, 6)).astype(np.float32),
@@ -135,16 +124,11 @@ def walker2d_ppo(xla: bool) -> tuple[Any, tuple]:
     return ppo, batch
 
 
-def child(intra_threads: int, lever: str, updates: int, network: str, shared_torso: bool, precision: str,
-          xla: bool) -> None:
+def child(intra_threads: int, lever: str, updates: int, network: str, shared_torso: bool, precision: str) -> None:
     """Time ``updates`` PPO updates, back to back; print {"t_update": [s, ...]} as JSON. TF_ENABLE_ONEDNN_OPTS is in
     the environment already; TensorFlow's threads are set as train.py sets them (inter-op min(2, CPUs), deterministic
-    ops), and XLA's code is held to AVX2 where train.py holds it."""
+    ops)."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    from trainer.kernels import rank0_tensorflow_kernels, xla_cpu_max_isa_flags
-
-    isa = str(rank0_tensorflow_kernels(NETWORKS[network], 1, 0, 1)["xla_cpu_max_isa"])
-    os.environ["XLA_FLAGS"] = xla_cpu_max_isa_flags(isa, os.environ.get("XLA_FLAGS", ""))
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(intra_threads)
@@ -152,8 +136,7 @@ def child(intra_threads: int, lever: str, updates: int, network: str, shared_tor
     tf.config.experimental.enable_op_determinism()
     if lever not in ("", "intra_all", "onednn_on"):
         turn_off(lever)
-    xla = xla and lever != "no_xla"
-    ppo, batch = walker2d_ppo(xla) if network == "walker2d" else image_ppo(network, shared_torso, precision, xla)
+    ppo, batch = walker2d_ppo() if network == "walker2d" else image_ppo(network, shared_torso, precision)
     for _ in range(2):
         ppo.update(*batch)
     times = []
@@ -165,19 +148,19 @@ def child(intra_threads: int, lever: str, updates: int, network: str, shared_tor
 
 
 def run_variant(name: str, lever: str, intra: int, onednn: str, args: argparse.Namespace,
-                precision: str = "float32", xla: bool = False) -> dict[str, Any]:
+                precision: str = "float32") -> dict[str, Any]:
     env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn}
     load = load_average()
     result = subprocess.run(
         [sys.executable, __file__, "--child", "--intra", str(intra), "--lever", lever, "--updates", str(args.updates),
          "--kernels", args.kernels or "walker2d", *(["--torso", args.torso] if args.torso else []),
-         "--precision", precision, "--xla", str(int(xla))],
+         "--precision", precision],
         capture_output=True, text=True, env=env, timeout=1800, check=False)
     if result.returncode != 0:
         raise SystemExit(f"update.py: {name} failed:\n{result.stderr[-3000:]}")
     times = json.loads(result.stdout.strip().splitlines()[-1])["t_update"]
     return {"variant": name, "t_update_s": median(times), "t_update_min_s": min(times), "intra_op_threads": intra,
-            "onednn": onednn, "precision": precision, "xla": xla and lever != "no_xla", "load_before": load}
+            "onednn": onednn, "precision": precision, "load_before": load}
 
 
 def parse_args() -> argparse.Namespace:
@@ -193,11 +176,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--precisions", action="store_true",
                         help="with --kernels minatar or pong: time the CNN in float32 and in bfloat16 (train.py's "
                              "--precision), each at the kernels train.py chooses for that network")
-    parser.add_argument("--xla_too", action="store_true",
-                        help="with --kernels: also time train.py's kernels for that network with the minibatch steps "
-                             "compiled by XLA (or without, where train.py compiles them)")
     parser.add_argument("--precision", default="float32", help=argparse.SUPPRESS)
-    parser.add_argument("--xla", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--intra", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--lever", default="", help=argparse.SUPPRESS)
@@ -212,8 +191,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     if args.child:
-        child(args.intra, args.lever, args.updates, args.kernels or "walker2d", args.torso == "shared", args.precision,
-              bool(args.xla))
+        child(args.intra, args.lever, args.updates, args.kernels, args.torso == "shared", args.precision)
         return 0
     levers = [lever for lever in args.levers.split(",") if lever]
     unknown = sorted(set(levers) - set(LEVERS))
@@ -222,8 +200,7 @@ def main() -> int:
     started = time.monotonic()
     runs = []
     cpus = os.cpu_count() or 1
-    # Variants: (name, lever turned off, intra-op threads, TF_ENABLE_ONEDNN_OPTS, precision, XLA)
-    xla = xla_by_default(args.kernels or "walker2d")
+    # Variants: (name, lever turned off, intra-op threads, TF_ENABLE_ONEDNN_OPTS, precision)
     if args.precisions:
         if args.kernels not in ("minatar", "pong"):
             raise SystemExit("update.py: error: --precisions needs --kernels minatar or pong")
@@ -231,24 +208,17 @@ def main() -> int:
 
         chosen = rank0_tensorflow_kernels({"minatar": "small_cnn", "pong": "nature_cnn"}[args.kernels], cpus, 0, 1)
         intra, onednn = chosen["tf_intra_op_threads"], str(chosen["tf_enable_onednn_opts"])
-        variants = [("now", "", intra, onednn, "float32", xla), ("bfloat16", "", intra, onednn, "bfloat16", xla)]
+        variants = [("now", "", intra, onednn, "float32"), ("bfloat16", "", intra, onednn, "bfloat16")]
     elif args.kernels:
         variants = [("now" if (intra, onednn) == (1, "0") else f"{intra} thread(s), oneDNN {onednn}", "", intra, onednn,
-                     "float32", xla) for intra in (1, cpus) for onednn in ("0", "1")]
-        if args.xla_too:
-            from trainer.kernels import rank0_tensorflow_kernels
-
-            chosen = rank0_tensorflow_kernels(NETWORKS[args.kernels], cpus, 0, 1)
-            variants.append((f"train.py's kernels, {'without' if xla else 'with'} XLA", "",
-                             int(chosen["tf_intra_op_threads"]), str(chosen["tf_enable_onednn_opts"]), "float32",
-                             not xla))
+                     "float32") for intra in (1, cpus) for onednn in ("0", "1")]
     else:
-        variants = [("now", "", 1, "0", "float32", xla)] + [
+        variants = [("now", "", 1, "0", "float32")] + [
             (LABELS[lever], lever, cpus if lever == "intra_all" else 1, "1" if lever == "onednn_on" else "0",
-             "float32", xla) for lever in levers]
+             "float32") for lever in levers]
     for repeat in range(args.repeats):
-        for name, lever, intra, onednn, precision, compiled in variants if repeat % 2 == 0 else variants[::-1]:
-            run = {**run_variant(name, lever, intra, onednn, args, precision, compiled), "repeat": repeat}
+        for name, lever, intra, onednn, precision in variants if repeat % 2 == 0 else variants[::-1]:
+            run = {**run_variant(name, lever, intra, onednn, args, precision), "repeat": repeat}
             runs.append(run)
             print(f"repeat {repeat} {name}: t_update {run['t_update_s'] * 1000:.1f} ms", flush=True)
     for run in runs:
@@ -258,9 +228,9 @@ def main() -> int:
     for name, *_ in variants:
         mine = [r for r in runs if r["variant"] == name]
         rows.append([name, mine[0]["intra_op_threads"], mine[0]["onednn"], mine[0]["precision"],
-                     "yes" if mine[0]["xla"] else "no", fmt(median([r["t_update_s"] for r in mine]) * 1000, 1),
+                     fmt(median([r["t_update_s"] for r in mine]) * 1000, 1),
                      ", ".join(f"{r['ratio_to_now']:.2f}" for r in mine)])
-    text = table(["variant", "intra-op threads", "TF_ENABLE_ONEDNN_OPTS", "precision", "XLA", "t_update (ms, median)",
+    text = table(["variant", "intra-op threads", "TF_ENABLE_ONEDNN_OPTS", "precision", "t_update (ms, median)",
                   "t_update / now (per repeat)"], rows)
     work = ("a fixed 1,024-row batch, 4 epochs x 4 minibatches of 256" if args.kernels == "pong"
             else "a fixed 2,048-row batch, 10 epochs x 32 minibatches")

@@ -187,7 +187,7 @@ def wait_for_phase(launch: Launch, logdir: Path, phase: str) -> None:
 PHASE_SETTINGS = {  # the job each phase is dealt its fault in
     "start-up": ((FAULTY,), {}),
     "rollout": ((FAULTY,), {"FAULT_KIND": "slow", "FAULT_RANK": "0", "FAULT_AT_STEP": "0", "FAULT_SLOW_S": "0.004"}),
-    "update": (("CartPole-v1", "--epochs", "500", "--kl_targ", "1000"), {}),
+    "update": (("CartPole-v1", "--epochs", "200", "--kl_targ", "1000"), {}),
     "iteration 2": (("CartPole-v1",), {}),
 }
 

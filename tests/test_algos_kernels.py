@@ -62,26 +62,19 @@ def test_numpy_openblas_runs_the_pinned_kernels():
     # Under --policy_lag 1 the 3 other processes on rank 0's host roll out during the update: a CPU each.
     ("nature_cnn", 1, 5, "1"), ("mlp", 1, 1, "0")])
 def test_rank0_threads_and_kernels_follow_the_network_and_the_cpus(monkeypatch, network, policy_lag, threads, onednn):
-    from trainer.kernels import rank0_tensorflow_kernels, runs_avx2_kernels, xla_cpu_max_isa_flags
+    from trainer.kernels import rank0_tensorflow_kernels, runs_avx2_kernels
 
-    for name in ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA", "XLA_FLAGS"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     chosen = rank0_tensorflow_kernels(network, cpus=8, policy_lag=policy_lag, ranks_on_host=4)
-    # An MLP's matrix products and XLA's code held to AVX2 wherever the CPU has it, as OpenBLAS's kernels are.
+    # An MLP's matrix products held to AVX2 wherever the CPU has it, as OpenBLAS's kernels are.
     isa = "AVX2" if network == "mlp" and runs_avx2_kernels() else "ALL"
     assert chosen == {"tf_intra_op_threads": threads, "tf_inter_op_threads": 2, "tf_enable_onednn_opts": onednn,
-                      "onednn_max_cpu_isa": isa, "xla_cpu_max_isa": isa}
+                      "onednn_max_cpu_isa": isa}
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")  # the user's choice wins
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
-    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/dump --xla_cpu_max_isa=AVX512")
-    chosen = rank0_tensorflow_kernels(network, 8, policy_lag, 4)
-    assert (chosen["tf_enable_onednn_opts"], chosen["onednn_max_cpu_isa"], chosen["xla_cpu_max_isa"]) == \
-        ("0", "AVX512_CORE", "AVX512")
-    # The flag joins the user's XLA_FLAGS, and a flag the user gave is not given twice.
-    assert xla_cpu_max_isa_flags("AVX2", "--xla_dump_to=/tmp/dump") == "--xla_dump_to=/tmp/dump --xla_cpu_max_isa=AVX2"
-    assert xla_cpu_max_isa_flags("AVX2", "") == "--xla_cpu_max_isa=AVX2"
-    assert xla_cpu_max_isa_flags("ALL", "") == ""
-    assert xla_cpu_max_isa_flags("AVX2", "--xla_cpu_max_isa=SSE4_2") == "--xla_cpu_max_isa=SSE4_2"
+    assert rank0_tensorflow_kernels(network, 8, policy_lag, 4)["tf_enable_onednn_opts"] == "0"
+    assert rank0_tensorflow_kernels(network, 8, policy_lag, 4)["onednn_max_cpu_isa"] == "AVX512_CORE"
 
 
 def test_each_observation_gets_its_kind_of_network():

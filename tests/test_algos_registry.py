@@ -20,7 +20,7 @@ from conftest import REPO, TENSORFLOW_IN_PROCESS, run_bounded
 
 from algos.registry import ALGORITHMS, Algorithm
 from algos.rollout import RolloutWorker
-from algos.spaces import network_kind, obs_spec
+from algos.spaces import obs_spec
 from envs.make import make_env
 from trainer.config import TrainConfig
 from trainer.resume import as_numpy
@@ -74,8 +74,7 @@ def test_importing_the_registry_and_what_train_py_moved_out_imports_no_tensorflo
 
 
 def build(name: str, seed: int, env_id: str = "CartPole-v1") -> tuple[ActorCritic, Algorithm]:
-    """ALGORITHMS[name] with its defaults on an actor-critic for ``env_id`` whose weights ``seed`` draws, its update
-    compiled by XLA where train.py compiles it (an MLP's)."""
+    """ALGORITHMS[name] with its defaults on an actor-critic for ``env_id`` whose weights ``seed`` draws."""
     import keras
 
     from algos.policy import ActorCritic
@@ -83,10 +82,8 @@ def build(name: str, seed: int, env_id: str = "CartPole-v1") -> tuple[ActorCriti
     keras.utils.set_random_seed(seed)
     config = TrainConfig(env_id=env_id, algo=name, seed=seed, **ALGORITHMS[name].defaults)
     env = make_env(env_id)
-    obs = obs_spec(env.observation_space)
-    ac = ActorCritic(obs, env.action_space, hidden=config.hidden)
-    settings = {key: getattr(config, key) for key in (*ALGORITHMS[name].defaults, "seed")}
-    return ac, ALGORITHMS[name].build(ac, {**settings, "xla": network_kind(obs) in ALGORITHMS[name].xla_networks})
+    ac = ActorCritic(obs_spec(env.observation_space), env.action_space, hidden=config.hidden)
+    return ac, ALGORITHMS[name].build(ac, {key: getattr(config, key) for key in (*ALGORITHMS[name].defaults, "seed")})
 
 
 def learn(algo: Algorithm, batch: dict[str, np.ndarray]) -> dict[str, float]:

@@ -14,7 +14,6 @@ from conftest import FEW_MINIBATCHES, REPO, USES_SMALL_RUN, run_bounded
 
 from algos.numpy_actor import NumpyActor
 from algos.registry import ALGORITHMS
-from trainer.kernels import runs_avx2_kernels
 
 TRAIN = str(REPO / "train.py")
 # Columns that depend on the wall clock; every other logged value must be reproducible.
@@ -77,9 +76,6 @@ def test_run_directory_has_config_csv_tensorboard_checkpoints_plot(learned_runs)
     run_dir = learned_runs[("CartPole-v1", "ppo")]
     config = json.loads((run_dir / "config.json").read_text())
     assert config["env_id"] == "CartPole-v1" and config["algo"] == "ppo" and config["nprocs"] == 2
-    # PPO's minibatch steps on an MLP compiled by XLA, held to AVX2 where the CPU has it; TRPO's not (algos.registry)
-    assert (config["tf_xla_update"], config["xla_cpu_max_isa"]) == (True, "AVX2" if runs_avx2_kernels() else "ALL")
-    assert json.loads((learned_runs[("CartPole-v1", "trpo")] / "config.json").read_text())["tf_xla_update"] is False
     header = progress(run_dir)[0].keys()
     for column in ("iteration", "total_steps", "total_episodes", "ep_return_mean", "ep_return_min", "ep_return_max",
                    "steps_per_s", "kl", "entropy", "pi_loss", "v_loss", "t_rollout", "t_gather", "t_update",
@@ -287,19 +283,16 @@ def test_resume_with_other_nprocs_keeps_counters_other_versions_are_named_and_a_
     versions = json.loads((part / "config.json").read_text())["versions"]
     assert {"python", "numpy", "tensorflow", "gymnasium", "mujoco", "mpi4py", "mpi_library", "cpu_model",
             "openblas_coretype"} <= set(versions), versions
-    # The checkpoint as another numpy would have written it, before tf_xla_update was recorded: --resume names both
-    # differences in one line.
+    # The checkpoint as another numpy would have written it: --resume names the difference in one line.
     path, state, _ = load_latest_checkpoint(part / "checkpoints")
     assert state["versions"] == versions
-    state["versions"] = {name: value for name, value in {**versions, "numpy": "1.0.0"}.items()
-                         if name != "tf_xla_update"}
+    state["versions"] = {**versions, "numpy": "1.0.0"}
     save_checkpoint(part / "checkpoints", int(path.stem.split("_")[1]), state)
     resumed, out = train("--resume", str(part), "--nprocs", "3", "--total_steps", "6144", "--check_sync")
     assert "(was 2 processes: fresh episodes)" in out
     warnings = [line for line in out.splitlines() if "other versions" in line]
     assert warnings == [f"train.py: warning: {path.name} was written with other versions (numpy 1.0.0 -> "
-                        f"{versions['numpy']}, tf_xla_update (not recorded) -> True); the run continues, but not bit "
-                        "for bit as it would have"], out
+                        f"{versions['numpy']}); the run continues, but not bit for bit as it would have"], out
     # The 3 ranks hold bit-identical weights after every broadcast (--check_sync, given at the resume).
     assert [(int(r["total_steps"]), r["sync_ok"]) for r in progress(resumed)] == \
         [(1536, "nan"), (3072, "nan"), (4608, "1.0"), (6144, "1.0")]

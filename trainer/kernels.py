@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 from collections.abc import MutableMapping
 
 from trainer.versions import cpu_model_and_flags
@@ -48,21 +47,19 @@ def runs_avx2_kernels(machine: str | None = None, cpu_flags: str | None = None) 
 # - small_cnn: MinAtar's one 3x3 layer on 10x10 boards: oneDNN's kernels pay, a second thread does not.
 # - nature_cnn: Atari's three layers on 84x84 frames: oneDNN on both cores took 0.45x the time of one thread of
 #   TensorFlow's own kernels.
-# Which algorithm compiles its steps with XLA, on which kind, is the registry's (AlgorithmSpec.xla_networks).
 RANK0_KERNELS = {"mlp": (1, "0"), "small_cnn": (1, "1"), "nature_cnn": ("all", "1")}
 
 
 def rank0_tensorflow_kernels(network: str, cpus: int, policy_lag: int, ranks_on_host: int) -> dict[str, int | str]:
     """TensorFlow's thread pools and kernels for rank 0's update of a ``network`` (RANK0_KERNELS' kinds):
-    {"tf_intra_op_threads", "tf_inter_op_threads", "tf_enable_onednn_opts", "onednn_max_cpu_isa",
-    "xla_cpu_max_isa"}. ``cpus``: the CPUs rank 0 may use (affinity, cgroup quota); ``ranks_on_host``: the job's
-    processes on rank 0's host, rank 0 included.
+    {"tf_intra_op_threads", "tf_inter_op_threads", "tf_enable_onednn_opts", "onednn_max_cpu_isa"}. ``cpus``: the
+    CPUs rank 0 may use (affinity, cgroup quota); ``ranks_on_host``: the job's processes on rank 0's host, rank 0
+    included.
 
     Every CPU: the waiting processes sleep while rank 0 learns. Under --policy_lag 1 the others roll out during the
     update, so it leaves them a CPU each. With more than one thread, or oneDNN, the results depend on the thread count
     and the CPU's vector instructions (config.json records both; --resume warns when they change); an MLP's do not.
-    A value of TF_ENABLE_ONEDNN_OPTS or ONEDNN_MAX_CPU_ISA, or an --xla_cpu_max_isa in XLA_FLAGS, the user set is kept
-    (xla_cpu_max_isa_flags puts the chosen one into XLA_FLAGS).
+    A value of TF_ENABLE_ONEDNN_OPTS or ONEDNN_MAX_CPU_ISA the user set is kept.
     """
     threads, onednn = RANK0_KERNELS[network]
     if threads == "all":
@@ -72,18 +69,7 @@ def rank0_tensorflow_kernels(network: str, cpus: int, policy_lag: int, ranks_on_
     # 1,139.3, and the Zen 3 with oneDNN held to SSE4.1 at 594.3 (benchmarks/results/machine_dependence_zen3_isa). An
     # MLP holds it to AVX2, as OpenBLAS to Haswell; a CNN keeps every instruction (its results depend on the CPU
     # anyway).
-    # XLA's code for an MLP's update (AlgorithmSpec.xla_networks) is made for the CPU it runs on: held to AVX2 too.
     isa = "AVX2" if network == "mlp" and runs_avx2_kernels() else "ALL"
-    users_xla_isa = re.search(r"--xla_cpu_max_isa=(\S+)", os.environ.get("XLA_FLAGS", ""))
     return {"tf_intra_op_threads": threads, "tf_inter_op_threads": min(2, cpus),
             "tf_enable_onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", onednn),
-            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", isa),
-            "xla_cpu_max_isa": users_xla_isa.group(1) if users_xla_isa else isa}
-
-
-def xla_cpu_max_isa_flags(isa: str, xla_flags: str) -> str:
-    """XLA_FLAGS (``xla_flags``, the value set before) with --xla_cpu_max_isa=``isa`` added, unless ``isa`` is "ALL"
-    or the flag is there already."""
-    if isa == "ALL" or "--xla_cpu_max_isa=" in xla_flags:
-        return xla_flags
-    return f"{xla_flags} --xla_cpu_max_isa={isa}".strip()
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", isa)}

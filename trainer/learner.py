@@ -22,7 +22,7 @@ from trainer.checkpoint import remove_temporary_files, write_atomic
 from trainer.config import TrainConfig
 from trainer.counters import Counters
 from trainer.evaluate import BEST_POLICY, write_policy_file
-from trainer.kernels import rank0_tensorflow_kernels, xla_cpu_max_isa_flags
+from trainer.kernels import rank0_tensorflow_kernels
 from trainer.resume import as_numpy, kept_checkpoint_note, processes
 from trainer.run_dir import RunDirLock, lock_run_dir
 from trainer.versions import stack_versions, version_changes
@@ -66,14 +66,9 @@ class Learner:
         # Threads and kernels by kind of network (trainer.kernels); oneDNN's switch is read when TensorFlow loads.
         # ranks_on_host: the job's processes on this host, this one included.
         self.cpus = mpi_util.cpus_available()
-        self.spec = ALGORITHMS[config.algo]
-        self.threads = {**rank0_tensorflow_kernels(network_kind(obs), self.cpus, config.policy_lag, ranks_on_host),
-                        "tf_xla_update": network_kind(obs) in self.spec.xla_networks}
+        self.threads = rank0_tensorflow_kernels(network_kind(obs), self.cpus, config.policy_lag, ranks_on_host)
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = str(self.threads["tf_enable_onednn_opts"])
         os.environ["ONEDNN_MAX_CPU_ISA"] = str(self.threads["onednn_max_cpu_isa"])
-        xla_flags = xla_cpu_max_isa_flags(str(self.threads["xla_cpu_max_isa"]), os.environ.get("XLA_FLAGS", ""))
-        if xla_flags:
-            os.environ["XLA_FLAGS"] = xla_flags
         import_tensorflow(config.gpu_pct)
         import tensorflow as tf
 
@@ -89,9 +84,9 @@ class Learner:
         self.ac = ActorCritic(obs, action, hidden=config.hidden,
                               shared_torso=shares_torso(config.algo, config.env_id, obs.is_image),
                               precision=config.precision)
-        self.algo: Algorithm = self.spec.build(self.ac, {**{name: getattr(config, name)
-                                                            for name in (*self.spec.defaults, "seed")},
-                                                         "xla": self.threads["tf_xla_update"]})
+        self.spec = ALGORITHMS[config.algo]
+        self.algo: Algorithm = self.spec.build(self.ac, {name: getattr(config, name)
+                                                         for name in (*self.spec.defaults, "seed")})
         self.pending: tuple | None = None  # (batch, episodes, behavior_logp) gathered, not yet learned from
         self.logger = None
         self._lock: RunDirLock | None = None  # the run directory's lock, held while this process lives

@@ -55,10 +55,6 @@ def stack_versions() -> dict[str, str]:
 
 
 def version_changes(recorded: dict[str, str], current: dict[str, str]) -> list[str]:
-    """'name recorded -> current' for every entry both hold with different values, in ``recorded``'s order, then
-    'name (not recorded) -> current' for each entry ``current`` holds and a non-empty ``recorded`` lacks (a setting
-    added since the checkpoint was written, such as tf_xla_update)."""
-    changed = [f"{name} {value} -> {current[name]}" for name, value in recorded.items()
-               if name in current and current[name] != value]
-    return changed + [f"{name} (not recorded) -> {value}" for name, value in current.items()
-                      if recorded and name not in recorded]
+    """'name recorded -> current' for every entry both hold with different values, in ``recorded``'s order."""
+    return [f"{name} {value} -> {current[name]}" for name, value in recorded.items()
+            if name in current and current[name] != value]
