@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 
 
 _DEFAULTS = ALGORITHMS["trpo"].defaults  # train.py's options and this class share one set of defaults
+# The Fisher matrix from a fifth of the batch, as baselines' trpo_mpi estimates it for every network: for a CNN its
+# eleven products per update are most of the update's arithmetic (benchmarks/README.md, section Pixels), and the
+# line search still holds the step to the trust region on the whole batch. MLPs keep the whole batch: their update
+# is a small part of an iteration, and TRPO's MuJoCo learning figures were measured with it.
+IMAGE_FISHER_EVERY = 5
 
 
 @dataclass
@@ -38,6 +43,10 @@ class TRPOConfig:
     """Conjugate gradient iterations solving F x = g for the natural gradient direction."""
     cg_damping: float = 0.1
     """Added to the Fisher matrix's diagonal (F + damping I) so conjugate gradient stays well conditioned."""
+    fisher_every: int = 1
+    """Conjugate gradient's Fisher-vector products, and the step length they give, read every fisher_every-th row
+    of the batch (the gradient and the line search's surrogate and KL check read all of them). train.py takes 5
+    for image networks (IMAGE_FISHER_EVERY), 1 for MLPs."""
     backtrack_iters: int = 10
     """Line search tries at most this many step sizes before keeping the old policy."""
     backtrack_coef: float = 0.8
@@ -140,10 +149,12 @@ class TRPO:
         (backtrack_iters when every try failed and the old policy was kept)."""
         surrogate_old, grad = self._surrogate_grad(batch.obs, batch.act, batch.adv, old_logp)
         grad = grad.numpy().astype(np.float64)
+        fisher_obs = batch.obs[:: self.cfg.fisher_every]
+        fisher_params = old_params[:: self.cfg.fisher_every]
 
         def fisher_vector_product(vec: np.ndarray) -> np.ndarray:
             heartbeat()  # once per conjugate-gradient step: the workers waiting for the weights see rank 0 advance
-            product = self._fisher_vector_product(batch.obs, old_params, tf.constant(vec, dtype=tf.float32))
+            product = self._fisher_vector_product(fisher_obs, fisher_params, tf.constant(vec, dtype=tf.float32))
             return product.numpy().astype(np.float64)
 
         direction = _conjugate_gradient(fisher_vector_product, grad, self.cfg.cg_iters)
@@ -234,9 +245,10 @@ class TRPO:
 
 def from_config(ac: ActorCritic, settings: "Mapping[str, Any]") -> TRPO:
     """train.py's TRPO (algos.registry): --kl_targ (max_kl), --lr (vf_lr), --minibatch_size (vf_minibatch_size) and
-    --seed, by name in ``settings``."""
+    --seed, by name in ``settings``; the Fisher matrix from every IMAGE_FISHER_EVERY-th row for image networks."""
     return TRPO(ac, TRPOConfig(max_kl=settings["kl_targ"], vf_lr=settings["lr"],
-                               vf_minibatch_size=settings["minibatch_size"]), seed=settings["seed"])
+                               vf_minibatch_size=settings["minibatch_size"],
+                               fisher_every=IMAGE_FISHER_EVERY if ac.obs.is_image else 1), seed=settings["seed"])
 
 
 def _flat(tensors: list[tf.Tensor]) -> tf.Tensor:

@@ -74,3 +74,30 @@ def test_one_update_cartpole():
 
 def test_one_update_pendulum():
     check_update("Pendulum-v1")
+
+
+def test_image_networks_take_the_fisher_matrix_from_every_fifth_row_and_stay_in_the_trust_region():
+    import keras
+
+    from algos import ActorCritic
+    from algos.registry import ALGORITHMS
+    from algos.spaces import ObsSpec
+    from algos.trpo import IMAGE_FISHER_EVERY, from_config
+
+    settings = {**ALGORITHMS["trpo"].defaults, "seed": 0}
+    keras.utils.set_random_seed(0)
+    mlp = ActorCritic(4, gymnasium.spaces.Discrete(2), hidden=(64, 64))
+    cnn = ActorCritic(ObsSpec((10, 10, 4)), gymnasium.spaces.Discrete(3), hidden=(64, 64))
+    assert from_config(mlp, settings).cfg.fisher_every == 1  # MLPs keep the whole batch, and their results
+    trpo = from_config(cnn, settings)
+    assert trpo.cfg.fisher_every == IMAGE_FISHER_EVERY == 5
+    rng = np.random.default_rng(0)
+    n = 256
+    obs = rng.integers(0, 2, size=(n, 10, 10, 4), dtype=np.uint8)
+    act = rng.integers(0, 3, size=n)
+    # Advantages that favour action 0 wherever the first plane's corner is set: a direction the policy can take.
+    adv = np.where((obs[:, 0, 0, 0] == 1) == (act == 0), 1.0, -1.0).astype(np.float32)
+    stats = trpo.update(obs, act, adv, rng.normal(size=n).astype(np.float32))
+    # The line search holds the step to the trust region on the whole batch, whatever rows the Fisher matrix read.
+    assert stats["backtracks"] < trpo.cfg.backtrack_iters
+    assert 0.0 < stats["kl"] <= trpo.cfg.max_kl
