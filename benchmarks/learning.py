@@ -45,8 +45,14 @@ TARGETS = {("Walker2d", "ppo"): 3500, ("Hopper", "ppo"): 2500, ("Walker2d", "trp
 
 
 def env_name(env_id: str) -> str:
-    """'Walker2d-v5' -> 'Walker2d'."""
-    return env_id.split("-v")[0]
+    """'Walker2d-v5' -> 'Walker2d'; a namespace's slash as a dash, as in train.py's run directories
+    ('MinAtar/Breakout-v1' -> 'MinAtar-Breakout')."""
+    return env_id.split("-v")[0].replace("/", "-")
+
+
+def group_name(env_id: str, algo: str, nprocs: int) -> str:
+    """The directory of one env, algorithm and process count under --out and --workdir: one level, no slash."""
+    return f"{env_id.replace('/', '-')}_{algo}_n{nprocs}"
 
 
 def final_train_return(rows: list[dict[str, float]], min_episodes: int = FINAL_EPISODES) -> tuple[float, int]:
@@ -84,7 +90,7 @@ def config_differences(run_dir: Path, train_args: list[str]) -> list[str]:
 
 def one_run(env: str, algo: str, nprocs: int, seed: int, args: argparse.Namespace) -> dict[str, Any] | None:
     """Train (or finish) one seed, evaluate it, keep its files under --out; its summary, or None if skipped."""
-    group = f"{env}_{algo}_n{nprocs}"
+    group = group_name(env, algo, nprocs)
     result_dir = args.out / group / f"s{seed}"
     if (result_dir / "summary.json").is_file():
         return None
@@ -199,7 +205,7 @@ def plot_curves(summaries: list[dict[str, Any]], out: Path) -> list[Path]:
             seeds = sorted(s["seed"] for s in summaries if (s["env"], s["algo"], s["nprocs"]) == (env, algo, nprocs))
             curves = []
             for seed in seeds:
-                rows = read_progress(out / f"{env}_{algo}_n{nprocs}" / f"s{seed}" / "progress.csv")
+                rows = read_progress(out / group_name(env, algo, nprocs) / f"s{seed}" / "progress.csv")
                 steps = np.array([r["total_steps"] for r in rows if not math.isnan(r["ep_return_mean"])])
                 returns = np.array([r["ep_return_mean"] for r in rows if not math.isnan(r["ep_return_mean"])])
                 curves.append((steps, returns))
